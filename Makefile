@@ -1,0 +1,33 @@
+# fedpipe — the two commands of the quick start are `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test test-fast lint bench clean-venv
+
+# Create .venv if missing, install the pinned lock, then the package itself (editable, no deps).
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/dvc repro
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src stages tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine_overhead.py
+
+clean-venv:
+	rm -rf $(VENV)

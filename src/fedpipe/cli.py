@@ -1,0 +1,24 @@
+"""Entry-point helper for stage scripts: logging set-up and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from fedpipe.config import ConfigError
+from fedpipe.data import DatasetNotFoundError
+
+EXIT_CONFIG = 2
+
+
+def run_stage(main: Callable[[], None]) -> None:
+    """Run a stage's ``main``; bad params or missing data print one line and exit with code 2."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "mlflow", "urllib3", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        main()
+    except (ConfigError, DatasetNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)

@@ -1,0 +1,107 @@
+"""Config machinery: strict dataclass construction from plain mappings."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """An invalid parameter: ``key`` (dotted path), the ``value`` given, and what is ``allowed``."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
+
+
+def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
+    """Read the composed params file (never Hydra's ``@main``: DVC composes ``params.yaml``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("params_file", str(path), "an existing YAML file (run from the repo root)")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ConfigError("params_file", str(path), "a YAML mapping at top level")
+    return data
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp`` (int, float, bool, str, list[...], X | None)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner[0])
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, f"a list of {item_tp.__name__}")
+        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, "true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, value, "an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "a string")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")  # a bug, not user input
+
+
+def build(cls: type[T], data: Mapping[str, Any] | None, prefix: str) -> T:
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ConfigError.
+
+    Fields without a default are required. After construction, ``cls.validate(prefix)`` (if defined)
+    checks value ranges.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix, data, "a mapping of keys to values")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{prefix}.{unknown[0]}", data[unknown[0]],
+                          f"known keys of {prefix} are {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}"
+        if name in data:
+            kwargs[name] = _coerce(key, data[name], hints[name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(key, None, "a value (this key is required)")
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(prefix)
+    return obj
+
+
+def check(cond: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise ConfigError(key, value, allowed) unless ``cond``."""
+    if not cond:
+        raise ConfigError(key, value, allowed)
+
+
+def one_of(key: str, value: Any, choices: typing.Iterable[str]) -> None:
+    choices = sorted(choices)
+    check(value in choices, key, value, "one of " + ", ".join(choices))

@@ -1,0 +1,135 @@
+"""Dataset params (section ``dataset``). One dataclass per dataset family; ``name`` selects it.
+
+Sizes and class counts are known here without loading anything, so partition params can be checked
+against them before any data is read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fedpipe.config.core import ConfigError, build, check, one_of
+
+DIGITS_TOTAL = 1797  # sklearn.datasets.load_digits
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str
+
+    def num_classes(self) -> int:
+        raise NotImplementedError
+
+    def train_size(self) -> int:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class DigitsConfig(DatasetConfig):
+    """scikit-learn's 8x8 handwritten digits (embedded, offline default).
+
+    The official data has no train/test split; fedpipe makes one stratified split with
+    ``sklearn.model_selection.train_test_split(test_size=test_fraction, random_state=split_seed)``,
+    fixed by these two params and independent of the experiment seed.
+    """
+
+    name: str = "digits"
+    test_fraction: float = 0.25
+    split_seed: int = 0
+
+    def validate(self, p: str) -> None:
+        check(0.05 <= self.test_fraction <= 0.5, f"{p}.test_fraction", self.test_fraction,
+              "a number in [0.05, 0.5]")
+        check(self.split_seed >= 0, f"{p}.split_seed", self.split_seed, "an integer >= 0")
+
+    def num_classes(self) -> int:
+        return 10
+
+    def train_size(self) -> int:
+        return DIGITS_TOTAL - math.ceil(self.test_fraction * DIGITS_TOTAL)
+
+
+# name -> (train size, classes) of the official torchvision splits
+TORCHVISION_SIZES = {
+    "mnist": (60000, 10),
+    "fashion_mnist": (60000, 10),
+    "cifar10": (50000, 10),
+    "cifar100": (50000, 100),
+}
+
+
+@dataclass(frozen=True)
+class TorchvisionConfig(DatasetConfig):
+    """MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 through torchvision, read from ``root``.
+
+    ``download`` is off by default: the pipeline never reaches the internet unless asked to.
+    """
+
+    name: str = "mnist"
+    root: str = "data/raw"
+    download: bool = False
+
+    def validate(self, p: str) -> None:
+        one_of(f"{p}.name", self.name, TORCHVISION_SIZES)
+        check(bool(self.root), f"{p}.root", self.root, "a folder path")
+
+    def num_classes(self) -> int:
+        return TORCHVISION_SIZES[self.name][1]
+
+    def train_size(self) -> int:
+        return TORCHVISION_SIZES[self.name][0]
+
+
+@dataclass(frozen=True)
+class SyntheticConfig(DatasetConfig):
+    """Small generated class-conditional images (for tests and quick checks).
+
+    Each class has a fixed random prototype image (drawn from ``generator_seed``); a sample is its
+    class prototype plus Gaussian noise of std ``noise``, clipped to [0, 1].
+    """
+
+    name: str = "synthetic"
+    classes: int = 10
+    channels: int = 1
+    image_size: int = 8
+    train_per_class: int = 60
+    test_per_class: int = 20
+    noise: float = 0.2
+    generator_seed: int = 0
+
+    def validate(self, p: str) -> None:
+        check(2 <= self.classes <= 1000, f"{p}.classes", self.classes,
+              "an integer in [2, 1000]")
+        check(self.channels in (1, 3), f"{p}.channels", self.channels, "1 or 3")
+        check(4 <= self.image_size <= 64, f"{p}.image_size", self.image_size,
+              "an integer in [4, 64]")
+        check(self.train_per_class >= 1, f"{p}.train_per_class", self.train_per_class,
+              "an integer >= 1")
+        check(self.test_per_class >= 1, f"{p}.test_per_class", self.test_per_class,
+              "an integer >= 1")
+        check(self.noise >= 0, f"{p}.noise", self.noise, "a number >= 0")
+
+    def num_classes(self) -> int:
+        return self.classes
+
+    def train_size(self) -> int:
+        return self.classes * self.train_per_class
+
+
+DATASET_CONFIGS: dict[str, type[DatasetConfig]] = {
+    "digits": DigitsConfig,
+    "synthetic": SyntheticConfig,
+    **{name: TorchvisionConfig for name in TORCHVISION_SIZES},
+}
+
+
+def dataset_config(data: dict[str, Any] | None, prefix: str = "dataset") -> DatasetConfig:
+    """Build the dataset config selected by ``data['name']``."""
+    if not isinstance(data, dict):
+        raise ConfigError(prefix, data, "a mapping with at least a 'name' key")
+    name = data.get("name")
+    if name not in DATASET_CONFIGS:
+        raise ConfigError(f"{prefix}.name", name, "one of " + ", ".join(sorted(DATASET_CONFIGS)))
+    return build(DATASET_CONFIGS[name], data, prefix)

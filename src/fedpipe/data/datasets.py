@@ -1,0 +1,158 @@
+"""Dataset registry. Every dataset loads to in-memory tensors: images float32 in [0, 1] with shape
+(N, C, H, W), labels int64. Normalisation constants travel in the metadata; models apply them.
+
+Official train/test splits are kept apart; ``digits`` (no official split) gets one fixed, seeded,
+stratified split.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedpipe.config import DatasetConfig, DigitsConfig, SyntheticConfig, TorchvisionConfig
+from fedpipe.rng import numpy_rng
+
+log = logging.getLogger(__name__)
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A torchvision dataset is missing from ``data/raw`` (message: the path and how to get it)."""
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    name: str
+    num_classes: int
+    shape: tuple[int, int, int]  # (C, H, W)
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    class_names: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Split:
+    x: torch.Tensor  # float32 (N, C, H, W) in [0, 1]
+    y: torch.Tensor  # int64 (N,)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass(frozen=True)
+class Dataset:
+    train: Split
+    test: Split
+    meta: DatasetMeta
+
+
+def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    mean = x.mean(dim=(0, 2, 3)).tolist()
+    std = x.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
+    return tuple(round(m, 4) for m in mean), tuple(round(s, 4) for s in std)
+
+
+def load_digits(cfg: DigitsConfig) -> Dataset:
+    """scikit-learn's handwritten digits: 1,797 real 8x8 images (values 0..16 scaled to [0, 1])."""
+    from sklearn.datasets import load_digits as sk_load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sk_load_digits()
+    x = bunch.images.astype(np.float32) / 16.0
+    y = bunch.target.astype(np.int64)
+    idx_train, idx_test = train_test_split(
+        np.arange(len(y)), test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=y)
+    idx_train.sort()
+    idx_test.sort()
+    train = Split(torch.from_numpy(x[idx_train]).unsqueeze(1), torch.from_numpy(y[idx_train]))
+    test = Split(torch.from_numpy(x[idx_test]).unsqueeze(1), torch.from_numpy(y[idx_test]))
+    mean, std = _channel_stats(train.x)
+    meta = DatasetMeta("digits", 10, (1, 8, 8), mean, std, tuple(str(i) for i in range(10)))
+    return Dataset(train, test, meta)
+
+
+def load_synthetic(cfg: SyntheticConfig) -> Dataset:
+    """Class-conditional toy images: a fixed random prototype per class plus Gaussian noise."""
+    shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    rng = numpy_rng(cfg.generator_seed, "synthetic-dataset")
+    protos = rng.uniform(0.0, 1.0, size=(cfg.classes, *shape)).astype(np.float32)
+
+    def draw(per_class: int, purpose: int) -> Split:
+        r = numpy_rng(cfg.generator_seed, "synthetic-samples", purpose)
+        y = np.repeat(np.arange(cfg.classes), per_class)
+        x = protos[y] + r.normal(0.0, cfg.noise, size=(len(y), *shape)).astype(np.float32)
+        return Split(torch.from_numpy(np.clip(x, 0.0, 1.0)), torch.from_numpy(y.astype(np.int64)))
+
+    train, test = draw(cfg.train_per_class, 0), draw(cfg.test_per_class, 1)
+    mean, std = _channel_stats(train.x)
+    meta = DatasetMeta("synthetic", cfg.classes, shape, mean, std,
+                       tuple(str(i) for i in range(cfg.classes)))
+    return Dataset(train, test, meta)
+
+
+# name -> (torchvision class name, folder torchvision reads under root, where to get the files)
+_TV = {
+    "mnist": ("MNIST", "MNIST/raw", "http://yann.lecun.com/exdb/mnist/ (the four *-ubyte files)"),
+    "fashion_mnist": ("FashionMNIST", "FashionMNIST/raw",
+                      "https://github.com/zalandoresearch/fashion-mnist (the four *-ubyte files)"),
+    "cifar10": ("CIFAR10", "cifar-10-batches-py",
+                "https://www.cs.toronto.edu/~kriz/cifar.html (extract cifar-10-python.tar.gz)"),
+    "cifar100": ("CIFAR100", "cifar-100-python",
+                 "https://www.cs.toronto.edu/~kriz/cifar.html (extract cifar-100-python.tar.gz)"),
+}
+
+
+def _tv_to_split(ds) -> Split:
+    data = ds.data
+    data = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    x = torch.from_numpy(data.astype(np.float32) / 255.0)
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
+    y = torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64)
+    return Split(x, y)
+
+
+def load_torchvision(cfg: TorchvisionConfig) -> Dataset:
+    """MNIST / Fashion-MNIST / CIFAR-10 / CIFAR-100 via torchvision from ``cfg.root``.
+
+    Note: torchvision's CIFAR reader unpickles the batch files; only use files you obtained from
+    the official source.
+    """
+    import torchvision.datasets as tvd
+
+    cls_name, folder, source = _TV[cfg.name]
+    cls = getattr(tvd, cls_name)
+    root = Path(cfg.root)
+    try:
+        train_ds = cls(root=str(root), train=True, download=cfg.download)
+        test_ds = cls(root=str(root), train=False, download=cfg.download)
+    except RuntimeError as e:
+        raise DatasetNotFoundError(
+            f"dataset {cfg.name} not found or corrupted in {root / folder}: get it from {source} "
+            f"and put it there, or set dataset.download=true on a machine with internet ({e})"
+        ) from None
+    train, test = _tv_to_split(train_ds), _tv_to_split(test_ds)
+    mean, std = _channel_stats(train.x)
+    classes = tuple(getattr(train_ds, "classes", ()) or ())
+    n_classes = len(classes) if classes else int(train.y.max()) + 1
+    meta = DatasetMeta(cfg.name, n_classes, tuple(train.x.shape[1:]), mean, std, classes)
+    return Dataset(train, test, meta)
+
+
+LOADERS: dict[str, Callable[..., Dataset]] = {
+    "digits": load_digits,
+    "synthetic": load_synthetic,
+    **{name: load_torchvision for name in _TV},
+}
+
+
+def load_dataset(cfg: DatasetConfig) -> Dataset:
+    """Load the dataset ``cfg`` names (train and test tensors plus metadata)."""
+    ds = LOADERS[cfg.name](cfg)
+    log.info("loaded %s: %d train, %d test, shape %s, %d classes", cfg.name, len(ds.train),
+             len(ds.test), ds.meta.shape, ds.meta.num_classes)
+    return ds

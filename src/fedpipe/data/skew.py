@@ -1,0 +1,68 @@
+"""Client feature skew, applied by the data layer when a client's batches are drawn.
+
+- ``rotation``: the client's images are rotated by its angle (degrees, torchvision's ``rotate``,
+  bilinear, zero fill); deterministic.
+- ``noise``: Gaussian noise of the client's std is added to each batch, drawn from the generator the
+  caller passes (a seeded stream), then clipped to [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as TF
+
+from fedpipe.data.datasets import Split
+from fedpipe.data.partition import Partition
+
+
+def apply_feature_skew(x: torch.Tensor, kind: str, value: float,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Apply one client's skew to a batch ``x`` (N, C, H, W)."""
+    if kind == "none" or value == 0:
+        return x
+    if kind == "rotation":
+        if value % 90 == 0:  # exact for right angles
+            return torch.rot90(x, k=int(value // 90) % 4, dims=(-2, -1))
+        return TF.rotate(x, angle=float(value), interpolation=InterpolationMode.BILINEAR)
+    if kind == "noise":
+        if generator is None:
+            raise ValueError("noise skew needs a seeded generator")
+        noise = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        return (x + value * noise).clamp_(0.0, 1.0)
+    raise ValueError(f"unknown feature skew {kind!r}")
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's local data (train or local test) as in-memory tensors plus its feature skew."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    skew: tuple[str, float] = ("none", 0.0)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def batch(self, idx: torch.Tensor, generator: torch.Generator | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_feature_skew(self.x[idx], *self.skew, generator=generator), self.y[idx]
+
+    def batches(self, batch_size: int, generator: torch.Generator, shuffle: bool = True
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of batches (shuffled with ``generator``; last batch may be smaller)."""
+        n = len(self)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        for start in range(0, n, batch_size):
+            yield self.batch(order[start:start + batch_size], generator)
+
+
+def client_data(split: Split, partition: Partition, client_id: int, which: str = "train"
+                ) -> ClientData:
+    """Client ``client_id``'s train data or local test data (``which='test'``)."""
+    idx = {"train": partition.train, "test": partition.test}[which][client_id]
+    t = torch.from_numpy(idx)
+    return ClientData(split.x[t], split.y[t], partition.feature_skew(client_id))

@@ -1,0 +1,105 @@
+"""Atomic file writes and content hashes.
+
+Every output of a stage goes through this module: the content is written to a temporary file in the
+destination folder and renamed into place (``os.replace`` is atomic on POSIX), so a killed stage never
+leaves a half-written file behind and a file that existed before is replaced only by a complete one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it to ``path``, on error delete it.
+
+    ``suffix`` keeps a file extension on the temporary name for writers that infer the format from it
+    (matplotlib's ``savefig``).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp creates 0600; outputs get the usual mode
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_csv(path: str | os.PathLike, header: list[str], rows: list[list[Any]]) -> None:
+    lines = [",".join(header)] + [",".join(_csv_cell(v) for v in row) for row in rows]
+    write_text(path, "\n".join(lines) + "\n")
+
+
+def _csv_cell(v: Any) -> str:
+    if isinstance(v, float):
+        return repr(round(v, 8))
+    return str(v)
+
+
+def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
+                 metadata: Mapping[str, str] | None = None) -> None:
+    """Save tensors as safetensors (contiguous CPU copies), atomically."""
+    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(clean, str(tmp), metadata=dict(metadata) if metadata else None)
+
+
+def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def save_figure(path: str | os.PathLike, fig: Any, dpi: int = 120) -> None:
+    """Save a matplotlib figure as PNG, atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+    plt.close(fig)
+
+
+def md5_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """MD5 of a file's bytes: the same hash DVC records for a file in dvc.lock."""
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,61 @@
+"""Model registry: ``build_model(name, in_shape, num_classes, **kwargs)``.
+
+Classifiers live in `fedpipe.models.classifiers`; each is a `Classifier` with ``features(x)``,
+``head`` (the final ``nn.Linear``), ``feature_dim``, and ``forward(x) = head(features(x))``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from torch import nn
+
+from fedpipe.models.classifiers import (
+    MLP,
+    Classifier,
+    CNNFedNH,
+    ConvNet,
+    LeNet,
+    Normalize,
+    ResNet18,
+)
+
+MODELS: dict[str, Callable[..., Classifier]] = {
+    "mlp": MLP,  # Equitable-FL, MNIST "simple" model
+    "lenet": LeNet,  # Equitable-FL, CIFAR-10 CNN (PyTorch-tutorial LeNet-5)
+    "cnn_fednh": CNNFedNH,  # FedNH / FedROD CIFAR CNN (Conv2Cifar)
+    "convnet": ConvNet,  # FedPTR, MTT ConvNet-128 depth 3
+    "resnet18": ResNet18,  # CIFAR-style ResNet-18 (torchvision)
+}
+
+
+def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int, **kwargs) -> nn.Module:
+    """Build the registered model ``name`` for images of shape ``in_shape = (C, H, W)``.
+
+    ``kwargs`` are the model's options (e.g. ``hidden``, ``width``, ``norm``, ``mean``, ``std``);
+    an unknown name or option raises ``ValueError`` with one line listing what is allowed.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}")
+    builder = MODELS[name]
+    options = [p for p in inspect.signature(builder).parameters
+               if p not in ("self", "in_shape", "num_classes")]
+    unknown = sorted(set(kwargs) - set(options))
+    if unknown:
+        raise ValueError(f"model {name!r} got unknown option(s) {unknown}; "
+                         f"allowed: {', '.join(options)}")
+    return builder(tuple(in_shape), int(num_classes), **kwargs)
+
+
+__all__ = [
+    "MODELS",
+    "MLP",
+    "CNNFedNH",
+    "Classifier",
+    "ConvNet",
+    "LeNet",
+    "Normalize",
+    "ResNet18",
+    "build_model",
+]
