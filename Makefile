@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench clean-venv
+.PHONY: run test test-fast lint bench params clean-venv
 
 # Create .venv if missing, install the pinned lock, then the package itself (editable, no deps).
 $(STAMP): requirements.lock pyproject.toml
@@ -15,7 +15,7 @@ $(STAMP): requirements.lock pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -31,3 +31,7 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Recompose params.yaml from conf/ (as `dvc exp run` would) after editing a config group.
+params: $(STAMP)
+	$(BIN)/python -m fedpipe.config.compose

@@ -60,7 +60,7 @@ def test_resnet18_is_cifar_style_and_group_norm() -> None:
     assert isinstance(net.body.maxpool, nn.Identity)
     assert not any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
     assert sum(isinstance(m, nn.GroupNorm) and m.num_groups == 2 for m in net.modules()) > 0
-    assert not list(net.buffers(recurse=True))[2:]  # only the two normalisation constants
+    assert [n for n, _ in net.named_buffers()] == ["normalize.mean", "normalize.std"]
     with pytest.raises(ValueError, match="allowed"):
         build_model("resnet18", (3, 32, 32), 10, norm="layer")
 

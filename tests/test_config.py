@@ -1,0 +1,101 @@
+"""Bad params: one line naming key, value and what is allowed; exit 2 before any data is loaded."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from fedpipe.config import ConfigError, partition_stage_config
+
+GOOD = {"seed": 0, "dataset": {"name": "digits"},
+        "partition": {"scheme": "dirichlet", "num_clients": 10, "alpha": 0.5}}
+
+
+def with_(section: str, **kv) -> dict:
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in GOOD.items()}
+    params[section] = {**params[section], **kv}
+    return params
+
+
+BAD = [
+    (with_("partition", alpha=0), "partition.alpha=0.0", "> 0"),
+    (with_("partition", alpha=-1.5), "partition.alpha=-1.5", "> 0"),
+    (with_("partition", num_clients=5000), "partition.num_clients=5000", "1347 training samples"),
+    (with_("partition", num_clients=0), "partition.num_clients=0", ">= 1"),
+    (with_("partition", num_clients=10, min_size=200), "partition.min_size=200", "at most 134"),
+    ({**GOOD, "partition": {"scheme": "shards", "num_clients": 700, "shards_per_client": 2}},
+     "partition.shards_per_client=2", "1400 shards cannot be dealt"),
+    (with_("dataset", name="imagenet"), "dataset.name='imagenet'", "digits"),
+    (with_("partition", scheme="random"), "partition.scheme='random'", "dirichlet"),
+    (with_("partition", alpah=0.1), "partition.alpah=0.1", "known keys of partition"),
+    ({**GOOD, "partition": {"scheme": "shards", "alpha": 0.1}}, "partition.alpha=0.1",
+     "known keys of partition"),
+    (with_("dataset", test_fraction=0.9), "dataset.test_fraction=0.9", "[0.05, 0.5]"),
+    (with_("partition", num_clients="ten"), "partition.num_clients='ten'", "an integer"),
+    (with_("partition", feature_skew="blur"), "partition.feature_skew='blur'", "rotation"),
+    ({**GOOD, "partition": {"scheme": "pathological", "classes_per_client": 11}},
+     "partition.classes_per_client=11", "10 classes"),
+    ({**GOOD, "partition": {"scheme": "label_blocks", "num_clients": 10, "groups": [4, 5]}},
+     "partition.groups=[4, 5]", "num_clients=10"),
+    ({**GOOD, "partition": {"scheme": "label_blocks", "num_clients": 10, "blocks": [6, 6]}},
+     "partition.blocks=[6, 6]", "10 classes"),
+    ({**GOOD, "sed": 1}, "sed=1", "top-level sections"),
+    ({**GOOD, "seed": -1}, "seed=-1", ">= 0"),
+]
+
+
+@pytest.mark.parametrize("params,key_value,allowed", BAD)
+def test_bad_config_one_line(params, key_value, allowed):
+    with pytest.raises(ConfigError) as info:
+        partition_stage_config(params)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert key_value in msg and allowed in msg
+
+
+def test_good_config_builds():
+    cfg = partition_stage_config(GOOD)
+    assert cfg.partition.alpha == 0.5 and cfg.dataset.train_size() == 1347
+
+
+def run_stage(tmp_path, params: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return subprocess.run([sys.executable, str(REPO_STAGE)], cwd=tmp_path, capture_output=True,
+                          text=True, env={**__import__("os").environ, "FEDPIPE_TRACKING": "off"})
+
+
+from pathlib import Path  # noqa: E402
+
+REPO_STAGE = Path(__file__).resolve().parents[1] / "stages" / "partition.py"
+
+
+def test_stage_exits_2_with_one_line_and_keeps_outputs(tmp_path):
+    out = tmp_path / "data" / "partition"
+    out.mkdir(parents=True)
+    (out / "metrics.json").write_text('{"old": 1}\n')
+    proc = run_stage(tmp_path, with_("partition", alpha=-1))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["error: invalid config: partition.alpha=-1.0; allowed: a number > 0"]
+    assert (out / "metrics.json").read_text() == '{"old": 1}\n'
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]
+
+
+def test_stage_missing_dataset_exits_2(tmp_path):
+    proc = run_stage(tmp_path, {"seed": 0, "dataset": {"name": "mnist", "root": "raw"},
+                                "partition": {"scheme": "iid"}})
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "raw/MNIST/raw" in line and not (tmp_path / "data").exists()
+
+
+def test_stage_runs_and_writes_outputs(tmp_path):
+    proc = run_stage(tmp_path, {"seed": 3, "dataset": {"name": "digits"},
+                                "partition": {"scheme": "shards", "num_clients": 8}})
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "data" / "partition"
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["clients.csv", "heatmap.png", "metrics.json", "partition.safetensors",
+                     "sizes.png"]
+    assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

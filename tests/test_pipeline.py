@@ -1,0 +1,96 @@
+"""End to end: `dvc repro` in a temporary copy of the repo, a second repro re-runs nothing, and
+`dvc exp run -S partition.alpha=0.05` composes new params with Hydra and gives a new partition.
+MLflow lineage of the partition run is checked in the same copy."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.slow
+
+
+def sh(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> tuple[Path, dict]:
+    """A git repo holding the project's tracked and untracked-but-not-ignored files."""
+    dst = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "FEDPIPE_TRACKING": "on", "MLFLOW_TRACKING_URI": f"sqlite:///{dst / 'test-mlflow.db'}",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+    sh(["git", "init", "-q"], dst, env)
+    (dst / ".gitignore").write_text((dst / ".gitignore").read_text() + "/test-mlflow.db\n")
+    sh(["git", "add", "-A"], dst, env)
+    sh(["git", "commit", "-qm", "copy"], dst, env)
+    return dst, env
+
+
+def test_repro_outputs_then_nothing_reruns(workdir):
+    dst, env = workdir
+    first = sh(["dvc", "repro"], dst, env)
+    assert "Running stage 'partition'" in first.stdout
+    out = dst / "data" / "partition"
+    for name in ("partition.safetensors", "metrics.json", "clients.csv", "heatmap.png",
+                 "sizes.png"):
+        assert (out / name).is_file(), name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_clients"] == 10 and metrics["samples_assigned"] == 1347
+    assert (dst / "dvc.lock").is_file()
+    second = sh(["dvc", "repro"], dst, env)
+    assert "Running stage" not in second.stdout
+    assert "didn't change" in second.stdout or "up to date" in second.stdout
+
+    # MLflow lineage of that run
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("fedpipe")
+    (run,) = client.search_runs([exp.experiment_id])
+    tags, params = run.data.tags, run.data.params
+    head = sh(["git", "rev-parse", "HEAD"], dst, env).stdout.strip()
+    assert tags["mlflow.source.git.commit"] == head and tags["dvc.stage"] == "partition"
+    from fedpipe.io import md5_file
+
+    assert tags["output.data/partition/partition.safetensors"] == md5_file(
+        out / "partition.safetensors")
+    assert params["partition.alpha"] == "0.5" and params["dataset.name"] == "digits"
+    assert run.data.metrics["emd_mean"] == pytest.approx(metrics["emd_mean"])
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/heatmap.png", "plots/sizes.png"} <= arts
+
+
+def test_exp_run_with_hydra_override_gives_new_partition(workdir):
+    dst, env = workdir
+    sh(["git", "add", "-A"], dst, env)
+    sh(["git", "commit", "-qm", "lock", "--allow-empty"], dst, env)
+    before = (dst / "data/partition/partition.safetensors").read_bytes()
+    before_emd = json.loads((dst / "data/partition/metrics.json").read_text())["emd_mean"]
+    sh(["dvc", "exp", "run", "-S", "partition.alpha=0.05"], dst, env)
+    import yaml
+
+    assert yaml.safe_load((dst / "params.yaml").read_text())["partition"]["alpha"] == 0.05
+    assert (dst / "data/partition/partition.safetensors").read_bytes() != before
+    after_emd = json.loads((dst / "data/partition/metrics.json").read_text())["emd_mean"]
+    assert after_emd > before_emd  # alpha 0.05 is more skewed than 0.5
+    show = sh(["dvc", "exp", "show", "--json"], dst, env).stdout
+    assert "emd_mean" in show
