@@ -8,8 +8,17 @@ from collections.abc import Callable
 
 from fedpipe.config import ConfigError
 from fedpipe.data import DatasetNotFoundError
+from fedpipe.fl import DivergenceError
 
 EXIT_CONFIG = 2
+EXIT_DIVERGED = 3
+
+
+def stage_argument(argv: list[str], name: str) -> str:
+    """The single positional argument of a stage script (e.g. the algorithm of `federate@x`)."""
+    if len(argv) != 2:
+        raise ConfigError(name, argv[1:], f"exactly one {name} argument")
+    return argv[1]
 
 
 def run_stage(main: Callable[[], None]) -> None:
@@ -22,3 +31,6 @@ def run_stage(main: Callable[[], None]) -> None:
     except (ConfigError, DatasetNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
+    except DivergenceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_DIVERGED)

@@ -10,7 +10,7 @@ from fedpipe.config.dataset import DatasetConfig, dataset_config
 from fedpipe.config.partition import PartitionConfig, partition_config
 
 # Top-level sections of params.yaml; later stages add theirs here.
-KNOWN_SECTIONS = ("seed", "dataset", "partition")
+KNOWN_SECTIONS = ("seed", "dataset", "partition", "model", "fl", "study", "algorithms")
 
 
 def check_sections(params: dict[str, Any]) -> None:

@@ -1,0 +1,21 @@
+"""Algorithms: one module per method family, each a :class:`fedpipe.fl.Strategy`.
+
+``ALGORITHMS`` maps the name used in params (``algorithms.<name>``, ``study.algorithms``) to the
+Strategy class; each class's ``config_class`` is its hyperparameter dataclass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedpipe.config import ConfigError, build
+from fedpipe.fl import Strategy
+
+ALGORITHMS: dict[str, type[Strategy]] = {"fedavg": Strategy}
+
+
+def algorithm_config(name: str, data: dict[str, Any] | None) -> Any:
+    """Validate ``algorithms.<name>`` against the algorithm's config dataclass."""
+    if name not in ALGORITHMS:
+        raise ConfigError("algorithm", name, "one of " + ", ".join(sorted(ALGORITHMS)))
+    return build(ALGORITHMS[name].config_class, data, f"algorithms.{name}")

@@ -1,0 +1,119 @@
+"""Federated-training params: sections ``model``, ``fl`` (round loop and local training) and ``study``.
+Algorithm hyperparameters live next to each algorithm (``fedpipe.algorithms``) and are built with the
+same strict :func:`build`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedpipe.config.core import ConfigError, build, check, one_of
+
+OPTIMIZERS = ("sgd", "adam")
+AGGREGATIONS = ("weighted", "uniform")
+EXECUTORS = ("serial",)
+
+
+@dataclass(frozen=True)
+class LocalTrainConfig:
+    """Local training of one client in one round.
+
+    ``epochs`` passes over the local data, or exactly ``steps`` minibatch steps when set (epochs then
+    ignored; the data is cycled). ``lr`` is multiplied by ``lr_decay`` every round (lr_r = lr *
+    lr_decay^r). ``grad_clip``: max global L2 norm of the gradient (null = off).
+    """
+
+    epochs: int = 1
+    steps: int | None = None
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+    lr_decay: float = 1.0
+
+    def validate(self, p: str) -> None:
+        check(self.epochs >= 1, f"{p}.epochs", self.epochs, "an integer >= 1")
+        if self.steps is not None:
+            check(self.steps >= 1, f"{p}.steps", self.steps, "null or an integer >= 1")
+        check(self.batch_size >= 1, f"{p}.batch_size", self.batch_size, "an integer >= 1")
+        one_of(f"{p}.optimizer", self.optimizer, OPTIMIZERS)
+        check(self.lr > 0, f"{p}.lr", self.lr, "a number > 0")
+        check(0 <= self.momentum < 1, f"{p}.momentum", self.momentum, "a number in [0, 1)")
+        check(self.weight_decay >= 0, f"{p}.weight_decay", self.weight_decay, "a number >= 0")
+        if self.grad_clip is not None:
+            check(self.grad_clip > 0, f"{p}.grad_clip", self.grad_clip, "null or a number > 0")
+        check(0 < self.lr_decay <= 1, f"{p}.lr_decay", self.lr_decay, "a number in (0, 1]")
+
+    def lr_at(self, round_: int) -> float:
+        return self.lr * self.lr_decay ** round_
+
+
+@dataclass(frozen=True)
+class FLConfig:
+    """The round loop: ``rounds``; ``participation`` ratio p (n = max(round(N p), 1) clients sampled
+    without replacement per round); ``aggregation`` weighted by sample count or uniform;
+    evaluation every ``eval_every`` rounds; a checkpoint every ``checkpoint_every`` rounds."""
+
+    rounds: int = 20
+    participation: float = 1.0
+    aggregation: str = "weighted"
+    eval_every: int = 1
+    checkpoint_every: int = 5
+    executor: str = "serial"
+    local: LocalTrainConfig = field(default_factory=LocalTrainConfig)
+
+    def validate(self, p: str) -> None:
+        check(self.rounds >= 1, f"{p}.rounds", self.rounds, "an integer >= 1")
+        check(0 < self.participation <= 1, f"{p}.participation", self.participation,
+              "a number in (0, 1]")
+        one_of(f"{p}.aggregation", self.aggregation, AGGREGATIONS)
+        check(self.eval_every >= 1, f"{p}.eval_every", self.eval_every, "an integer >= 1")
+        check(self.checkpoint_every >= 1, f"{p}.checkpoint_every", self.checkpoint_every,
+              "an integer >= 1")
+        one_of(f"{p}.executor", self.executor, EXECUTORS)
+
+    def clients_per_round(self, num_clients: int) -> int:
+        return max(round(num_clients * self.participation), 1)
+
+
+def fl_config(data: dict[str, Any] | None, prefix: str = "fl") -> FLConfig:
+    data = dict(data or {})
+    local = build(LocalTrainConfig, data.pop("local", None), f"{prefix}.local")
+    cfg = build(FLConfig, data, prefix)
+    return FLConfig(**{**cfg.__dict__, "local": local})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``name`` from the model registry; ``kwargs`` passed to its builder (e.g. width, hidden)."""
+
+    name: str = "cnn_fednh"
+    kwargs: dict = field(default_factory=dict)
+
+
+def model_config(data: dict[str, Any] | None, prefix: str = "model") -> ModelConfig:
+    data = dict(data or {})
+    if not isinstance(data.get("name"), str):
+        raise ConfigError(f"{prefix}.name", data.get("name"), "a model name (string)")
+    kwargs = data.pop("kwargs", None) or {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{prefix}.kwargs", kwargs, "a mapping of builder arguments")
+    unknown = sorted(set(data) - {"name"})
+    if unknown:
+        raise ConfigError(f"{prefix}.{unknown[0]}", data[unknown[0]], "known keys are name, kwargs")
+    return ModelConfig(name=data["name"], kwargs=dict(kwargs))
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The algorithms compared by the default pipeline (one ``federate`` stage each)."""
+
+    name: str = "default"
+    algorithms: list[str] = field(default_factory=lambda: ["fedavg"])
+
+    def validate(self, p: str) -> None:
+        check(len(self.algorithms) >= 1, f"{p}.algorithms", self.algorithms, "a non-empty list")
+        check(len(set(self.algorithms)) == len(self.algorithms), f"{p}.algorithms",
+              self.algorithms, "a list without duplicates")

@@ -1,0 +1,98 @@
+"""Shared set-up of the training stages: validated configs, datasets, client data, models."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.config import ConfigError, DatasetConfig, dataset_config
+from fedpipe.config.core import build
+from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
+from fedpipe.config.stages import check_sections, read_seed
+from fedpipe.data import ClientData, Dataset, Partition, client_data
+from fedpipe.io import md5_file
+from fedpipe.models import MODELS, build_model
+from fedpipe.rng import torch_seed
+
+PARTITION_PATH = "data/partition/partition.safetensors"
+FEDERATE_DIR = "data/federate"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int
+    dataset: DatasetConfig
+    model: ModelConfig
+    fl: FLConfig
+    study: StudyConfig
+    algorithm: str
+    algo_cfg: Any
+    params_read: dict
+
+
+def check_model(cfg: ModelConfig) -> None:
+    if cfg.name not in MODELS:
+        raise ConfigError("model.name", cfg.name, "one of " + ", ".join(sorted(MODELS)))
+    options = set(inspect.signature(MODELS[cfg.name]).parameters) - {"self", "in_shape",
+                                                                     "num_classes"}
+    for key in cfg.kwargs:
+        if key not in options:
+            raise ConfigError(f"model.kwargs.{key}", cfg.kwargs[key],
+                              f"options of model {cfg.name}: {', '.join(sorted(options))}")
+
+
+def train_config(params: dict, algorithm: str) -> TrainConfig:
+    """Validate every section the federate stage of ``algorithm`` reads (before loading data)."""
+    check_sections(params)
+    seed = read_seed(params)
+    ds = dataset_config(params.get("dataset"))
+    model = model_config(params.get("model"))
+    check_model(model)
+    fl = fl_config(params.get("fl"))
+    study = build(StudyConfig, params.get("study"), "study")
+    for name in study.algorithms:
+        if name not in ALGORITHMS:
+            raise ConfigError("study.algorithms", name, "one of " + ", ".join(sorted(ALGORITHMS)))
+    algos = params.get("algorithms") or {}
+    algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
+    read = {"seed": seed, "dataset": params.get("dataset"), "model": params.get("model"),
+            "fl": params.get("fl"), f"algorithms.{algorithm}": algos.get(algorithm) or {}}
+    return TrainConfig(seed, ds, model, fl, study, algorithm, algo_cfg, read)
+
+
+def load_partition(path: str | Path = PARTITION_PATH) -> Partition:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("partition_file", str(path), "an existing partition (run `dvc repro partition`)")
+    return Partition.load(path)
+
+
+def clients_of(ds: Dataset, part: Partition, which: str = "train") -> list[ClientData]:
+    split = ds.train if which == "train" else ds.test
+    return [client_data(split, part, i, which) for i in range(part.num_clients)]
+
+
+def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:
+    """The model of ``cfg`` with weights drawn from the stream (seed, "model-init").
+
+    torch's initialisers draw from the global RNG; ``fork_rng`` confines the seeding to this call
+    and restores the global state after it.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch_seed(cfg.seed, "model-init"))
+        return build_model(cfg.model.name, ds.meta.shape, ds.meta.num_classes,
+                           mean=ds.meta.mean, std=ds.meta.std, **cfg.model.kwargs)
+
+
+def fingerprint(cfg: TrainConfig, partition_path: str | Path = PARTITION_PATH) -> str:
+    """Identifies a run: its params and its partition (a checkpoint resumes only on a match)."""
+    blob = json.dumps({"params": cfg.params_read, "partition": md5_file(partition_path)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

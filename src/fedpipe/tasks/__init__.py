@@ -1,0 +1,70 @@
+"""Tasks: *what* is learned. A task knows the loss of a model on a batch and how to evaluate a model.
+
+The engine and task-agnostic algorithms (FedAvg, FedProx, SCAFFOLD, FedDyn, FedDC, MoFedSAM) only
+call ``task.loss(model, batch, generator)``; a diffusion task fits the same interface.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Task(Protocol):
+    name: str
+
+    def loss(self, model: nn.Module, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        """Scalar training loss of ``model`` on ``batch`` (``generator`` for any randomness)."""
+        ...
+
+    def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 batch_size: int = 1024) -> dict[str, float]:
+        """Evaluation metrics of ``model`` on a dataset."""
+        ...
+
+
+class ClassificationTask:
+    """Cross-entropy training; accuracy and mean loss for evaluation."""
+
+    name = "classification"
+
+    def loss(self, model: nn.Module, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    @torch.inference_mode()
+    def correct(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                batch_size: int = 1024) -> torch.Tensor:
+        """Boolean vector: is sample i classified correctly."""
+        was_training = model.training
+        model.eval()
+        if len(y) == 0:
+            return torch.zeros(0, dtype=torch.bool)
+        out = torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
+                         for i in range(0, len(y), batch_size)])
+        model.train(was_training)
+        return out
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 batch_size: int = 1024) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        correct = torch.zeros((), dtype=torch.int64)
+        for i in range(0, len(y), batch_size):
+            logits = model(x[i:i + batch_size])
+            yb = y[i:i + batch_size]
+            loss_sum += F.cross_entropy(logits, yb, reduction="sum").double()
+            correct += (logits.argmax(1) == yb).sum()
+        model.train(was_training)
+        n = max(len(y), 1)
+        return {"loss": float(loss_sum) / n, "accuracy": float(correct) / n, "n": float(len(y))}
+
+
+TASKS = {"classification": ClassificationTask}
