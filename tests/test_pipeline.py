@@ -1,5 +1,5 @@
 """End to end: `dvc repro` in a temporary copy of the repo, a second repro re-runs nothing, and
-`dvc exp run -S partition.alpha=0.05` composes new params with Hydra and gives a new partition.
+`dvc exp run -S partition=dirichlet -S partition.alpha=0.05` composes new params with Hydra and gives a
 MLflow lineage of the partition run is checked in the same copy."""
 
 import json
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,10 +46,22 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
     return dst, env
 
 
+def ran(proc: subprocess.CompletedProcess) -> set[str]:
+    return {line.split("'")[1] for line in proc.stdout.splitlines()
+            if line.startswith("Running stage '")}
+
+
 def test_repro_outputs_then_nothing_reruns(workdir):
     dst, env = workdir
     first = sh(["dvc", "repro"], dst, env)
-    assert "Running stage 'partition'" in first.stdout
+    algos = yaml.safe_load((dst / "params.yaml").read_text())["study"]["algorithms"]
+    assert ran(first) == {"partition", "evaluate"} | {f"federate@{a}" for a in algos}
+    for a in algos:
+        fed = json.loads((dst / f"data/federate/{a}/metrics.json").read_text())
+        assert fed["rounds"] == 30 and 0.5 < fed["test_accuracy"] <= 1.0
+    ev = json.loads((dst / "data/evaluate/metrics.json").read_text())
+    assert set(ev) == set(algos)
+    assert "| fedavg |" in (dst / "data/evaluate/comparison.md").read_text()
     out = dst / "data" / "partition"
     for name in ("partition.safetensors", "metrics.json", "clients.csv", "heatmap.png",
                  "sizes.png"):
@@ -57,7 +70,7 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     assert metrics["num_clients"] == 10 and metrics["samples_assigned"] == 1347
     assert (dst / "dvc.lock").is_file()
     second = sh(["dvc", "repro"], dst, env)
-    assert "Running stage" not in second.stdout
+    assert ran(second) == set()
     assert "didn't change" in second.stdout or "up to date" in second.stdout
 
     # MLflow lineage of that run
@@ -65,7 +78,9 @@ def test_repro_outputs_then_nothing_reruns(workdir):
 
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("fedpipe")
-    (run,) = client.search_runs([exp.experiment_id])
+    runs = client.search_runs([exp.experiment_id])
+    assert {r.data.tags["dvc.stage"] for r in runs} == ran(first)
+    (run,) = [r for r in runs if r.data.tags["dvc.stage"] == "partition"]
     tags, params = run.data.tags, run.data.params
     head = sh(["git", "rev-parse", "HEAD"], dst, env).stdout.strip()
     assert tags["mlflow.source.git.commit"] == head and tags["dvc.stage"] == "partition"
@@ -73,10 +88,19 @@ def test_repro_outputs_then_nothing_reruns(workdir):
 
     assert tags["output.data/partition/partition.safetensors"] == md5_file(
         out / "partition.safetensors")
-    assert params["partition.alpha"] == "0.5" and params["dataset.name"] == "digits"
+    assert params["partition.scheme"] == "shards" and params["dataset.name"] == "digits"
     assert run.data.metrics["emd_mean"] == pytest.approx(metrics["emd_mean"])
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/heatmap.png", "plots/sizes.png"} <= arts
+
+
+def test_changing_one_algorithm_reruns_only_that_one(workdir):
+    dst, env = workdir
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    params["algorithms"]["fedprox"]["mu"] = 0.1
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = sh(["dvc", "repro"], dst, env)
+    assert ran(proc) == {"federate@fedprox", "evaluate"}
 
 
 def test_exp_run_with_hydra_override_gives_new_partition(workdir):
@@ -85,12 +109,10 @@ def test_exp_run_with_hydra_override_gives_new_partition(workdir):
     sh(["git", "commit", "-qm", "lock", "--allow-empty"], dst, env)
     before = (dst / "data/partition/partition.safetensors").read_bytes()
     before_emd = json.loads((dst / "data/partition/metrics.json").read_text())["emd_mean"]
-    sh(["dvc", "exp", "run", "-S", "partition.alpha=0.05"], dst, env)
-    import yaml
-
+    sh(["dvc", "exp", "run", "-S", "partition=dirichlet", "-S", "partition.alpha=0.05"], dst, env)
     assert yaml.safe_load((dst / "params.yaml").read_text())["partition"]["alpha"] == 0.05
     assert (dst / "data/partition/partition.safetensors").read_bytes() != before
     after_emd = json.loads((dst / "data/partition/metrics.json").read_text())["emd_mean"]
-    assert after_emd > before_emd  # alpha 0.05 is more skewed than 0.5
+    assert after_emd != before_emd
     show = sh(["dvc", "exp", "show", "--json"], dst, env).stdout
     assert "emd_mean" in show

@@ -77,7 +77,15 @@ def _csv_cell(v: Any) -> str:
 
 def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
                  metadata: Mapping[str, str] | None = None) -> None:
-    """Save tensors as safetensors (contiguous CPU copies), atomically."""
+    """Save tensors as safetensors (contiguous CPU copies), atomically.
+
+    ``metadata`` may hold at most one key: safetensors writes its metadata map in an unspecified
+    order, so two keys could give different bytes (and DVC hashes) for identical content. Put a
+    JSON string with sorted keys under a single key instead.
+    """
+    if metadata and len(metadata) > 1:
+        raise ValueError("save_tensors: use a single metadata key (a JSON string) for "
+                         "byte-reproducible files")
     clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
         save_file(clean, str(tmp), metadata=dict(metadata) if metadata else None)

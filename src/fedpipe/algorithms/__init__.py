@@ -8,10 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedpipe.algorithms.feddc import FedDC
+from fedpipe.algorithms.feddyn import FedDyn
+from fedpipe.algorithms.fedprox import FedProx
+from fedpipe.algorithms.mofedsam import MoFedSAM
+from fedpipe.algorithms.scaffold import Scaffold
 from fedpipe.config import ConfigError, build
 from fedpipe.fl import Strategy
 
-ALGORITHMS: dict[str, type[Strategy]] = {"fedavg": Strategy}
+ALGORITHMS: dict[str, type[Strategy]] = {
+    "fedavg": Strategy,
+    "fedprox": FedProx,
+    "scaffold": Scaffold,
+    "feddyn": FedDyn,
+    "feddc": FedDC,
+    "mofedsam": MoFedSAM,
+}
 
 
 def algorithm_config(name: str, data: dict[str, Any] | None) -> Any:

@@ -36,7 +36,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.scaffold import check_num_clients, prefixed, read, trainable
+from fedpipe.algorithms.scaffold import (
+    check_num_clients,
+    prefixed,
+    read,
+    sum_of,
+    trainable,
+    unprefixed,
+)
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -89,9 +96,8 @@ class FedDyn(Strategy):
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
         check_num_clients(self, updates)
         alpha, theta_prev = self.cfg.alpha, state.weights
-        h = read(state.extra, "h.", {k[2:]: v for k, v in state.extra.items() if k.startswith("h.")})
-        drift = {n: sum((u.weights[n] - theta_prev[n] for u in updates[1:]),
-                        updates[0].weights[n] - theta_prev[n]) for n in h}
+        h = unprefixed("h.", state.extra)
+        drift = {n: sum_of([u.weights[n] - theta_prev[n] for u in updates]) for n in h}
         h_new = {n: h[n] - alpha / self.num_clients * drift[n] for n in h}  # (c)
         theta = self.average(updates)
         theta |= {n: theta[n] - h_new[n] / alpha for n in h}  # (d)

@@ -28,7 +28,8 @@ Implementation choices (documented, not in the paper):
   the server step x <- x + eta_g avg dy_i like the weights.
 - c_i starts at 0 and is created the first time client i is sampled (a missing entry reads as 0).
 
-:func:`correct_gradients` and :func:`option2_control_variate` are reused by FedDC.
+:func:`correct_gradients` and :func:`option2_control_variate` are reused by FedDC; the small
+state-dict helpers below are shared by the other algorithm modules.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class ScaffoldConfig:
         check(self.global_lr > 0, f"{p}.global_lr", self.global_lr, "a number > 0")
 
 
-# -- helpers shared with FedDC -----------------------------------------------------------------
+# -- helpers (also used by FedDyn, FedDC and MoFedSAM) -----------------------------------------
 def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
     """The parameters that local training updates, by state-dict name."""
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -78,7 +79,13 @@ def read(tensors: Weights, prefix: str, like: dict[str, torch.Tensor]) -> Weight
 
 
 def prefixed(prefix: str, tensors: Weights) -> Weights:
+    """Several named groups share one flat dict (``extra``, client state): ``prefix + name``."""
     return {prefix + n: t for n, t in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: Weights) -> Weights:
+    """The group ``prefix`` of a flat dict, by name without the prefix."""
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def correct_gradients(params: dict[str, nn.Parameter], correction: Weights) -> None:
@@ -103,16 +110,18 @@ def server_step(x: Weights, y_avg: Weights, global_lr: float) -> Weights:
     return {k: x[k] + global_lr * (v - x[k]) if is_float(v) else v for k, v in y_avg.items()}
 
 
+def sum_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """t_1 + t_2 + ... in the order given (clients arrive sorted by id: deterministic)."""
+    acc = tensors[0].clone()
+    for t in tensors[1:]:
+        acc = acc + t
+    return acc
+
+
 def sum_over_clients(updates: Sequence[ClientUpdate], prefix: str) -> Weights:
     """sum_i u_i.extra[prefix + name] over the updates, by name (without the prefix)."""
-    keys = [k for k in updates[0].extra if k.startswith(prefix)]
-    out: Weights = {}
-    for k in keys:
-        acc = updates[0].extra[k].clone()
-        for u in updates[1:]:
-            acc = acc + u.extra[k]
-        out[k[len(prefix):]] = acc
-    return out
+    names = unprefixed(prefix, updates[0].extra)
+    return {n: sum_of([u.extra[prefix + n] for u in updates]) for n in names}
 
 
 def check_num_clients(strategy: Strategy, updates: Sequence[ClientUpdate]) -> None:
@@ -161,6 +170,6 @@ class Scaffold(Strategy):
                                  aggregation_coeffs(updates, self.aggregation))
         x = server_step(state.weights, y_avg, self.cfg.global_lr)  # lines 16-17: x + eta_g dx
         dc_sum = sum_over_clients(updates, "dc.")
-        c = read(state.extra, "c.", dc_sum)
+        c = unprefixed("c.", state.extra)
         c_new = {n: c[n] + dc_sum[n] / self.num_clients for n in c}  # line 17: c + |S|/N dc
         return ServerState(weights=x, extra=prefixed("c.", c_new), meta=state.meta)

@@ -104,17 +104,25 @@ def load_checkpoint(path: Path) -> tuple[dict, ServerState, dict[int, ClientStat
 
 
 # -- the loop ----------------------------------------------------------------------------------
-def _guard(updates: Sequence[ClientUpdate], round_: int) -> None:
+def _guard_losses(updates: Sequence[ClientUpdate], round_: int) -> None:
+    """Non-finite local loss: stop, naming the round and client (free: losses are already floats)."""
     for u in updates:
         loss = u.metrics.get("loss", 0.0)
         if not np.isfinite(loss):
             raise DivergenceError(f"diverged: round {round_ + 1}, client {u.client_id}: "
                                   f"non-finite local loss ({loss}); lower fl.local.lr or set "
                                   f"fl.local.grad_clip")
-        if not all_finite(u.weights) or not all_finite(u.extra):
-            raise DivergenceError(f"diverged: round {round_ + 1}, client {u.client_id}: "
-                                  f"non-finite model update; lower fl.local.lr or set "
-                                  f"fl.local.grad_clip")
+
+
+def _guard_state(state: ServerState, updates: Sequence[ClientUpdate], round_: int) -> None:
+    """Non-finite update: checked once on the aggregate; only then are the clients scanned to name
+    the culprit (one finiteness check per tensor per round instead of per client)."""
+    if all_finite(state.weights) and all_finite(state.extra):
+        return
+    bad = [u.client_id for u in updates if not (all_finite(u.weights) and all_finite(u.extra))]
+    who = f"client {bad[0]}" if bad else "server aggregation"
+    raise DivergenceError(f"diverged: round {round_ + 1}, {who}: non-finite model update; "
+                          f"lower fl.local.lr or set fl.local.grad_clip")
 
 
 def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[ClientData],
@@ -146,7 +154,8 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
             log.info("ignoring checkpoint with a different fingerprint (other params or data)")
     executor = EXECUTORS[fl.executor]()
     bar = tqdm(range(start, fl.rounds), desc=f"{strategy.name}", unit="round",
-               initial=start, total=fl.rounds, disable=not progress, leave=False)
+               initial=start, total=fl.rounds, disable=not progress, leave=False,
+               mininterval=1.0)
     rounds_done = start
     for r in bar:
         selected = sample_clients(n, per_round, seed, r)
@@ -157,10 +166,11 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         results = executor.run(strategy, payload,
                                [(cid, client_states[cid], clients[cid]) for cid in selected], seed)
         updates = [u for u, _, _ in results]
-        _guard(updates, r)
+        _guard_losses(updates, r)
         for cid, (_, cstate, _) in zip(selected, results, strict=True):
             client_states[cid] = cstate
         state = strategy.aggregate(state, updates)
+        _guard_state(state, updates, r)
         state = strategy.server_update(state, r, ctx)
         sizes = np.array([u.num_samples for u in updates], dtype=np.float64)
         losses = np.array([u.metrics.get("loss", np.nan) for u in updates])

@@ -62,11 +62,11 @@ def local_train(model: nn.Module, data: ClientData, task: Task, cfg: LocalTrainC
         def loss_fn(m: nn.Module, b: Batch) -> torch.Tensor:
             return task.loss(m, b, gen)
     grads_fn = grads_fn or backward
-    model.train()
+    if not model.training:
+        model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, cfg, cfg.lr_at(round_))
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    steps = 0
+    losses: list[torch.Tensor] = []  # summed once at the end: no per-step op or host sync
     for batch in iterate_batches(data, cfg, gen):
         opt.zero_grad(set_to_none=True)
         loss = grads_fn(model, batch, loss_fn)
@@ -75,6 +75,7 @@ def local_train(model: nn.Module, data: ClientData, task: Task, cfg: LocalTrainC
         if cfg.grad_clip is not None:
             nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
-        loss_sum += loss.detach().double()
-        steps += 1
-    return {"loss": float(loss_sum) / max(steps, 1), "steps": float(steps)}
+        losses.append(loss.detach())
+    steps = len(losses)
+    mean = float(torch.stack(losses).double().mean()) if steps else 0.0
+    return {"loss": mean, "steps": float(steps)}

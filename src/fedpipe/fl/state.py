@@ -42,7 +42,24 @@ class ClientUpdate:
 
 
 def clone(w: Weights) -> Weights:
-    return {k: v.detach().clone() for k, v in w.items()}
+    """Detached copies of every tensor (one fused foreach op)."""
+    if not w:
+        return {}
+    tensors = [v.detach() for v in w.values()]
+    return dict(zip(w.keys(), torch._foreach_mul(tensors, 1), strict=True))
+
+
+@torch.no_grad()
+def load_weights(slots: Weights, weights: Weights) -> None:
+    """Copy ``weights`` into a model's own tensors ``slots`` (``model.state_dict(keep_vars=True)``).
+
+    The same result as ``load_state_dict`` (strict: the key sets must match) with one fused
+    ``_foreach_copy_`` instead of a per-module traversal: this runs once per client per round.
+    """
+    if slots.keys() != weights.keys():
+        missing = sorted(set(slots) ^ set(weights))
+        raise KeyError(f"weights do not match the model: {missing[:5]}")
+    torch._foreach_copy_([t.data for t in slots.values()], [weights[k] for k in slots])
 
 
 def zeros_like(w: Weights) -> Weights:
@@ -63,16 +80,15 @@ def weighted_average(items: Sequence[Weights], coeffs: Sequence[float]) -> Weigh
     if not items or total <= 0:
         raise ValueError("weighted_average needs at least one item with a positive weight")
     probs = [float(c) / total for c in coeffs]
-    out: Weights = {}
-    for k, first in items[0].items():
-        if is_float(first):
-            acc = first * probs[0]
-            for w, p in zip(items[1:], probs[1:], strict=True):
-                acc = acc + w[k] * p
-            out[k] = acc
-        else:
-            out[k] = first.clone()
-    return out
+    keys = [k for k, v in items[0].items() if is_float(v)]
+    acc = torch._foreach_mul([items[0][k] for k in keys], probs[0])
+    for w, p in zip(items[1:], probs[1:], strict=True):
+        torch._foreach_add_(acc, [w[k] for k in keys], alpha=p)  # acc += p * w, fused over tensors
+    out = dict(zip(keys, acc, strict=True))
+    for k, v in items[0].items():
+        if not is_float(v):
+            out[k] = v.clone()
+    return {k: out[k] for k in items[0]}
 
 
 def aggregation_coeffs(updates: Sequence[ClientUpdate], mode: str) -> list[float]:

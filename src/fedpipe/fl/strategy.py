@@ -31,6 +31,7 @@ from fedpipe.fl.state import (
     Weights,
     aggregation_coeffs,
     clone,
+    load_weights,
     weighted_average,
 )
 
@@ -63,7 +64,8 @@ class Strategy:
         """A model holding ``weights`` (a reused working instance; fully overwritten each call)."""
         if self._scratch is None:
             self._scratch = self.model_fn()
-        self._scratch.load_state_dict(weights)
+            self._slots = self._scratch.state_dict(keep_vars=True)
+        load_weights(self._slots, weights)
         return self._scratch
 
     def global_model(self, state: ServerState) -> nn.Module:

@@ -3,6 +3,7 @@ resume; write the final model, the per-round history (CSV for `dvc plots`, JSON)
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,8 +89,9 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
                            checkpoint_dir=out / "checkpoint", fingerprint=fingerprint(cfg, partition_path),
                            stop_after=stop_after, on_round=on_round, progress=progress)
-    save_tensors(out / "model.safetensors", result.state.weights,
-                 {"algorithm": cfg.algorithm, "model": cfg.model.name, "rounds": str(result.rounds_done)})
+    save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
+                 {"fedpipe.model": json.dumps({"algorithm": cfg.algorithm, "model": cfg.model.name,
+                                               "rounds": result.rounds_done}, sort_keys=True)})
     cols = history_columns(result.history)
     write_csv(out / "history.csv", cols,
               [[h.get(c, "") for c in cols] for h in result.history])

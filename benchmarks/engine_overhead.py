@@ -1,0 +1,96 @@
+"""Engine overhead: the same local SGD steps on the same data, once through the engine (FedAvg,
+20 clients, full participation) and once as a plain PyTorch loop, in one process.
+
+Prints the ratio engine / plain (median over repeats, the two runs interleaved so that machine noise
+hits both). Target: <= 1.10.
+
+    python benchmarks/engine_overhead.py [--rounds 10] [--repeats 3] [--model mlp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from fedpipe.config import dataset_config, partition_config
+from fedpipe.config.fl import FLConfig, LocalTrainConfig
+from fedpipe.data import ClientData, load_dataset, make_partition
+from fedpipe.fl import Strategy, run_federated
+from fedpipe.fl.local import make_optimizer
+from fedpipe.models import build_model
+from fedpipe.rng import torch_generator
+from fedpipe.tasks import ClassificationTask
+
+
+def setup(model_name: str, num_clients: int):
+    ds = load_dataset(dataset_config({"name": "digits"}))
+    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
+                          partition_config({"scheme": "iid", "num_clients": num_clients}), 0)
+    clients = [ClientData(ds.train.x[torch.from_numpy(i)], ds.train.y[torch.from_numpy(i)])
+               for i in part.train]
+
+    def model_fn() -> nn.Module:
+        torch.manual_seed(0)
+        return build_model(model_name, ds.meta.shape, 10, mean=ds.meta.mean, std=ds.meta.std)
+
+    return clients, model_fn
+
+
+def engine_run(clients, model_fn, local: LocalTrainConfig, rounds: int) -> float:
+    fl = FLConfig(rounds=rounds, participation=1.0, local=local, eval_every=10**6)
+    strategy = Strategy(ClassificationTask(), model_fn, local, num_clients=len(clients))
+    t0 = time.perf_counter()
+    run_federated(strategy, model_fn(), clients, fl, seed=0, progress=False)
+    return time.perf_counter() - t0
+
+
+def plain_run(clients, model_fn, local: LocalTrainConfig, rounds: int) -> float:
+    """The same number of steps on the same batches, one model, no FL bookkeeping."""
+    model = model_fn()
+    opt = make_optimizer(model.parameters(), local, local.lr)
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        for cid, data in enumerate(clients):
+            gen = torch_generator(0, "client-update", r, cid)
+            for _ in range(local.epochs):
+                for x, y in data.batches(local.batch_size, gen):
+                    opt.zero_grad(set_to_none=True)
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    clients, model_fn = setup(args.model, args.clients)
+    local = LocalTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=0.05)
+    plain_run(clients, model_fn, local, 1)  # warm-up
+    ratios, e_times, p_times = [], [], []
+    for _ in range(args.repeats):
+        e = engine_run(clients, model_fn, local, args.rounds)
+        p = plain_run(clients, model_fn, local, args.rounds)
+        e_times.append(e)
+        p_times.append(p)
+        ratios.append(e / p)
+    steps = args.rounds * sum(-(-len(c) // args.batch_size) * args.epochs for c in clients)
+    print(f"model={args.model} clients={args.clients} rounds={args.rounds} local steps={steps}")
+    print(f"engine: median {statistics.median(e_times):.3f}s  "
+          f"plain: median {statistics.median(p_times):.3f}s")
+    print(f"ratio engine/plain: {statistics.median(ratios):.3f} (per repeat: "
+          + ", ".join(f"{r:.3f}" for r in ratios) + ")  target <= 1.10")
+
+
+if __name__ == "__main__":
+    main()

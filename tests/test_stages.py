@@ -1,0 +1,96 @@
+"""Federate/evaluate stage scripts: bad params give one line and exit 2 before any data is loaded;
+a run writes its outputs; an interrupted federate resumes from its checkpoint."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedpipe.config import ConfigError
+from fedpipe.pipeline.common import train_config
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def params_with(**changes) -> dict:
+    p = yaml.safe_load(yaml.safe_dump(PARAMS))
+    for dotted, value in changes.items():
+        node = p
+        *head, last = dotted.split("/")
+        for k in head:
+            node = node[k]
+        node[last] = value
+    return p
+
+
+@pytest.mark.parametrize("changes,algo,expected", [
+    ({"fl/rounds": 0}, "fedavg", "fl.rounds=0"),
+    ({"fl/participation": 1.5}, "fedavg", "fl.participation=1.5"),
+    ({"fl/local/optimizer": "lbfgs"}, "fedavg", "fl.local.optimizer='lbfgs'"),
+    ({"fl/local/lr": -0.1}, "fedavg", "fl.local.lr=-0.1"),
+    ({"fl/local/epohcs": 2}, "fedavg", "fl.local.epohcs=2"),
+    ({"model/name": "vgg"}, "fedavg", "model.name='vgg'"),
+    ({"model/kwargs": {"widht": 3}}, "fedavg", "model.kwargs.widht=3"),
+    ({"study/algorithms": ["fedavg", "fedsgd"]}, "fedavg", "study.algorithms='fedsgd'"),
+    ({}, "fedfoo", "algorithm='fedfoo'"),
+])
+def test_bad_train_params(changes, algo, expected):
+    with pytest.raises(ConfigError) as info:
+        train_config(params_with(**changes), algo)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_algorithm_hyperparameter():
+    algo = next(a for a in ("fedprox", "feddyn") if a in PARAMS["algorithms"])
+    key = next(iter(PARAMS["algorithms"][algo]))
+    with pytest.raises(ConfigError, match=rf"algorithms\.{algo}\.{key}=-1\.0"):
+        train_config(params_with(**{f"algorithms/{algo}/{key}": -1.0}), algo)
+
+
+def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FEDPIPE_TRACKING": "off"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_federate_stage_bad_input_exit_2_and_outputs_kept(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with(**{"fl/rounds": -3})))
+    out = tmp_path / "data" / "federate" / "fedavg"
+    out.mkdir(parents=True)
+    (out / "metrics.json").write_text("{}\n")
+    proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: invalid config: fl.rounds=-3; allowed: an integer >= 1"]
+    assert (out / "metrics.json").read_text() == "{}\n"
+    # no partition yet: one line naming the file
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
+    proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg")
+    assert proc.returncode == 2 and "data/partition/partition.safetensors" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_federate_resume_matches_uninterrupted(tmp_path):
+    """Interrupt federate after round 2 of 4, re-run: same final metrics, bit for bit."""
+    from fedpipe.config import partition_stage_config
+    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.io import read_json
+    from fedpipe.pipeline.federate import federate
+
+    p = params_with(**{"fl/rounds": 4, "fl/checkpoint_every": 1})
+    part_dir = tmp_path / "partition"
+    partition_and_write(partition_stage_config(p), part_dir)
+    part = part_dir / "partition.safetensors"
+    cfg = train_config(p, "fedavg")
+    federate(cfg, tmp_path / "a", part, progress=False)
+    stopped = federate(cfg, tmp_path / "b", part, stop_after=2, progress=False)
+    assert stopped.result.rounds_done == 2
+    resumed = federate(cfg, tmp_path / "b", part, progress=False)
+    assert resumed.result.resumed_from == 2
+    assert read_json(tmp_path / "a/fedavg/metrics.json") == read_json(tmp_path / "b/fedavg/metrics.json")
+    assert (tmp_path / "a/fedavg/model.safetensors").read_bytes() == \
+        (tmp_path / "b/fedavg/model.safetensors").read_bytes()
+    assert (tmp_path / "a/fedavg/history.csv").read_text() == (tmp_path / "b/fedavg/history.csv").read_text()
