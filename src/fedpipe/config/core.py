@@ -96,6 +96,17 @@ def build(cls: type[T], data: Mapping[str, Any] | None, prefix: str) -> T:
     return obj
 
 
+def build_selected(registry: Mapping[str, type[T]], data: Any, prefix: str, selector: str) -> T:
+    """Build the dataclass that ``data[selector]`` picks from ``registry`` (e.g. a dataset by
+    ``name``, a partition by ``scheme``)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix, data, f"a mapping with at least a {selector!r} key")
+    choice = data.get(selector)
+    if choice not in registry:
+        raise ConfigError(f"{prefix}.{selector}", choice, "one of " + ", ".join(sorted(registry)))
+    return build(registry[choice], data, prefix)
+
+
 def check(cond: bool, key: str, value: Any, allowed: str) -> None:
     """Raise ConfigError(key, value, allowed) unless ``cond``."""
     if not cond:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from fedpipe.config.core import ConfigError, build, check, one_of
+from fedpipe.config.core import build_selected, check, one_of
 
 DIGITS_TOTAL = 1797  # sklearn.datasets.load_digits
 
@@ -127,9 +127,4 @@ DATASET_CONFIGS: dict[str, type[DatasetConfig]] = {
 
 def dataset_config(data: dict[str, Any] | None, prefix: str = "dataset") -> DatasetConfig:
     """Build the dataset config selected by ``data['name']``."""
-    if not isinstance(data, dict):
-        raise ConfigError(prefix, data, "a mapping with at least a 'name' key")
-    name = data.get("name")
-    if name not in DATASET_CONFIGS:
-        raise ConfigError(f"{prefix}.name", name, "one of " + ", ".join(sorted(DATASET_CONFIGS)))
-    return build(DATASET_CONFIGS[name], data, prefix)
+    return build_selected(DATASET_CONFIGS, data, prefix, "name")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedpipe.config.core import ConfigError, build, check, one_of
+from fedpipe.config.core import build_selected, check, one_of
 from fedpipe.config.dataset import DatasetConfig
 
 FEATURE_SKEWS = ("none", "rotation", "noise")
@@ -180,10 +180,4 @@ PARTITION_CONFIGS: dict[str, type[PartitionConfig]] = {
 
 def partition_config(data: dict[str, Any] | None, prefix: str = "partition") -> PartitionConfig:
     """Build the partition config selected by ``data['scheme']``."""
-    if not isinstance(data, dict):
-        raise ConfigError(prefix, data, "a mapping with at least a 'scheme' key")
-    scheme = data.get("scheme")
-    if scheme not in PARTITION_CONFIGS:
-        raise ConfigError(f"{prefix}.scheme", scheme,
-                          "one of " + ", ".join(sorted(PARTITION_CONFIGS)))
-    return build(PARTITION_CONFIGS[scheme], data, prefix)
+    return build_selected(PARTITION_CONFIGS, data, prefix, "scheme")
