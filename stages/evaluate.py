@@ -11,8 +11,8 @@ from fedpipe.tracking import stage_run
 
 def main() -> None:
     params = load_params()
-    first = train_config(params, params.get("study", {}).get("algorithms", ["fedavg"])[0])
-    cfgs = [train_config(params, a) for a in first.study.algorithms]
+    first = train_config(params, ((params.get("study") or {}).get("algorithms") or ["fedavg"])[0])
+    cfgs = [first] + [train_config(params, a) for a in first.study.algorithms[1:]]
     with stage_run("evaluate", {"study": params.get("study"), **first.params_read}, first.seed) as run:
         out = evaluate_study(cfgs)
         for algo, m in out.metrics.items():

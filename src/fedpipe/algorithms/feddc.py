@@ -50,21 +50,22 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.scaffold import (
-    check_num_clients,
-    correct_gradients,
-    option2_control_variate,
+from fedpipe.algorithms.scaffold import correct_gradients, option2_control_variate
+from fedpipe.config.core import check, one_of
+from fedpipe.data import ClientData
+from fedpipe.fl.local import local_train
+from fedpipe.fl.state import (
+    ClientUpdate,
+    Payload,
+    ServerState,
+    clone,
     prefixed,
     read,
     sum_over_clients,
     trainable,
     unprefixed,
 )
-from fedpipe.config.core import check, one_of
-from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
-from fedpipe.fl.state import ClientUpdate, Payload, ServerState, clone
-from fedpipe.fl.strategy import ClientState, Strategy
+from fedpipe.fl.strategy import ClientState, Strategy, check_num_clients
 from fedpipe.tasks import Batch
 
 DRIFT_AVERAGES = ("participants", "all_clients")
@@ -143,8 +144,7 @@ class FedDC(Strategy):
             hsum = unprefixed("hsum.", state.extra)
             dh_sum = sum_over_clients(updates, "dh.")
             hsum_new = {n: hsum[n] + dh_sum[n] for n in hsum}
-            dh_avg = self.average([ClientUpdate(u.client_id, u.num_samples, unprefixed("dh.", u.extra))
-                                   for u in updates])
+            dh_avg = self.average(updates, [unprefixed("dh.", u.extra) for u in updates])
             w_avg |= {n: state.weights[n] + dh_avg[n] + hsum_new[n] / self.num_clients for n in hsum}
             extra |= prefixed("hsum.", hsum_new)
         dc_sum = sum_over_clients(updates, "dc.")

@@ -36,19 +36,21 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.scaffold import (
-    check_num_clients,
+from fedpipe.config.core import check
+from fedpipe.data import ClientData
+from fedpipe.fl.local import local_train
+from fedpipe.fl.state import (
+    ClientUpdate,
+    Payload,
+    ServerState,
+    clone,
     prefixed,
     read,
     sum_of,
     trainable,
     unprefixed,
 )
-from fedpipe.config.core import check
-from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
-from fedpipe.fl.state import ClientUpdate, Payload, ServerState, clone
-from fedpipe.fl.strategy import ClientState, Strategy
+from fedpipe.fl.strategy import ClientState, Strategy, check_num_clients
 from fedpipe.tasks import Batch
 
 

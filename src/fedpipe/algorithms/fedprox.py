@@ -23,7 +23,7 @@ from torch import nn
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
-from fedpipe.fl.state import ClientUpdate, Payload, clone
+from fedpipe.fl.state import ClientUpdate, Payload, clone, trainable
 from fedpipe.fl.strategy import ClientState, Strategy
 from fedpipe.tasks import Batch
 
@@ -46,7 +46,7 @@ class FedProx(Strategy):
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
         model = self.scratch_model(payload.weights)
-        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        params = trainable(model)
         w_t = {n: payload.weights[n] for n in params}  # the proximal centre w^t (not trained)
         mu = self.cfg.mu
 

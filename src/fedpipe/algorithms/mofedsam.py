@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.scaffold import prefixed, read, server_step, trainable, unprefixed
+from fedpipe.algorithms.scaffold import server_step
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import GradsFn, LossFn, local_train
@@ -50,9 +50,11 @@ from fedpipe.fl.state import (
     ClientUpdate,
     Payload,
     ServerState,
-    aggregation_coeffs,
     clone,
-    weighted_average,
+    prefixed,
+    read,
+    trainable,
+    unprefixed,
 )
 from fedpipe.fl.strategy import ClientState, Strategy
 from fedpipe.tasks import Batch
@@ -149,8 +151,6 @@ class MoFedSAM(Strategy):
         return update, client_state, metrics
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        coeffs = aggregation_coeffs(updates, self.aggregation)
-        x = server_step(state.weights, weighted_average([u.weights for u in updates], coeffs),
-                        self.cfg.global_lr)
-        delta = weighted_average([unprefixed("delta.", u.extra) for u in updates], coeffs)
+        x = server_step(state.weights, self.average(updates), self.cfg.global_lr)
+        delta = self.average(updates, [unprefixed("delta.", u.extra) for u in updates])
         return ServerState(weights=x, extra=prefixed("delta.", delta), meta=state.meta)

@@ -48,12 +48,15 @@ from fedpipe.fl.state import (
     Payload,
     ServerState,
     Weights,
-    aggregation_coeffs,
     clone,
     is_float,
-    weighted_average,
+    prefixed,
+    read,
+    sum_over_clients,
+    trainable,
+    unprefixed,
 )
-from fedpipe.fl.strategy import ClientState, Strategy
+from fedpipe.fl.strategy import ClientState, Strategy, check_num_clients
 
 
 @dataclass(frozen=True)
@@ -66,28 +69,7 @@ class ScaffoldConfig:
         check(self.global_lr > 0, f"{p}.global_lr", self.global_lr, "a number > 0")
 
 
-# -- helpers (also used by FedDyn, FedDC and MoFedSAM) -----------------------------------------
-def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The parameters that local training updates, by state-dict name."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def read(tensors: Weights, prefix: str, like: dict[str, torch.Tensor]) -> Weights:
-    """``tensors[prefix + name]`` for each name of ``like``; a missing entry is zero."""
-    return {n: tensors[prefix + n] if prefix + n in tensors else torch.zeros_like(t.detach())
-            for n, t in like.items()}
-
-
-def prefixed(prefix: str, tensors: Weights) -> Weights:
-    """Several named groups share one flat dict (``extra``, client state): ``prefix + name``."""
-    return {prefix + n: t for n, t in tensors.items()}
-
-
-def unprefixed(prefix: str, tensors: Weights) -> Weights:
-    """The group ``prefix`` of a flat dict, by name without the prefix."""
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
+# -- SCAFFOLD steps (FedDC reuses the control variates, MoFedSAM the server step) ------------
 def correct_gradients(params: dict[str, nn.Parameter], correction: Weights) -> None:
     """grad <- grad + correction (a parameter without a gradient gets the correction alone)."""
     for n, p in params.items():
@@ -108,26 +90,6 @@ def option2_control_variate(c_i: Weights, c: Weights, x: Weights, y: Weights, st
 def server_step(x: Weights, y_avg: Weights, global_lr: float) -> Weights:
     """x + eta_g (avg y_i - x) on float tensors; integer buffers take the averaged value."""
     return {k: x[k] + global_lr * (v - x[k]) if is_float(v) else v for k, v in y_avg.items()}
-
-
-def sum_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """t_1 + t_2 + ... in the order given (clients arrive sorted by id: deterministic)."""
-    acc = tensors[0].clone()
-    for t in tensors[1:]:
-        acc = acc + t
-    return acc
-
-
-def sum_over_clients(updates: Sequence[ClientUpdate], prefix: str) -> Weights:
-    """sum_i u_i.extra[prefix + name] over the updates, by name (without the prefix)."""
-    names = unprefixed(prefix, updates[0].extra)
-    return {n: sum_of([u.extra[prefix + n] for u in updates]) for n in names}
-
-
-def check_num_clients(strategy: Strategy, updates: Sequence[ClientUpdate]) -> None:
-    if strategy.num_clients < len(updates):
-        raise ValueError(f"{strategy.name}: num_clients={strategy.num_clients} is smaller than the "
-                         f"{len(updates)} clients of this round; pass the total number of clients")
 
 
 # -- the strategy -----------------------------------------------------------------------------
@@ -166,8 +128,7 @@ class Scaffold(Strategy):
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
         check_num_clients(self, updates)
-        y_avg = weighted_average([u.weights for u in updates],
-                                 aggregation_coeffs(updates, self.aggregation))
+        y_avg = self.average(updates)
         x = server_step(state.weights, y_avg, self.cfg.global_lr)  # lines 16-17: x + eta_g dx
         dc_sum = sum_over_clients(updates, "dc.")
         c = unprefixed("c.", state.extra)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 Weights = dict[str, torch.Tensor]
 
@@ -62,10 +63,6 @@ def load_weights(slots: Weights, weights: Weights) -> None:
     torch._foreach_copy_([t.data for t in slots.values()], [weights[k] for k in slots])
 
 
-def zeros_like(w: Weights) -> Weights:
-    return {k: torch.zeros_like(v) for k, v in w.items() if v.is_floating_point()}
-
-
 def is_float(t: torch.Tensor) -> bool:
     return t.is_floating_point()
 
@@ -96,10 +93,41 @@ def aggregation_coeffs(updates: Sequence[ClientUpdate], mode: str) -> list[float
     return [float(u.num_samples) if mode == "weighted" else 1.0 for u in updates]
 
 
-def delta(a: Weights, b: Weights) -> Weights:
-    """a - b on float tensors."""
-    return {k: a[k] - b[k] for k in a if is_float(a[k])}
-
-
 def all_finite(w: Weights) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in w.values() if is_float(v))
+
+
+# -- named tensor groups (algorithms keep several in one flat dict) -----------------------
+def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters that local training updates, by state-dict name."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def read(tensors: Weights, prefix: str, like: dict[str, torch.Tensor]) -> Weights:
+    """``tensors[prefix + name]`` for each name of ``like``; a missing entry is zero."""
+    return {n: tensors[prefix + n] if prefix + n in tensors else torch.zeros_like(t.detach())
+            for n, t in like.items()}
+
+
+def prefixed(prefix: str, tensors: Weights) -> Weights:
+    """Several named groups share one flat dict (``extra``, client state): ``prefix + name``."""
+    return {prefix + n: t for n, t in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: Weights) -> Weights:
+    """The group ``prefix`` of a flat dict, by name without the prefix."""
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def sum_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """t_1 + t_2 + ... in the order given (clients arrive sorted by id: deterministic)."""
+    acc = tensors[0].clone()
+    for t in tensors[1:]:
+        acc = acc + t
+    return acc
+
+
+def sum_over_clients(updates: Sequence[ClientUpdate], prefix: str) -> Weights:
+    """sum_i u_i.extra[prefix + name] over the updates, by name (without the prefix)."""
+    names = unprefixed(prefix, updates[0].extra)
+    return {n: sum_of([u.extra[prefix + n] for u in updates]) for n in names}

@@ -43,6 +43,12 @@ class NoConfig:
     """An algorithm without hyperparameters of its own."""
 
 
+def check_num_clients(strategy: Strategy, updates: Sequence[ClientUpdate]) -> None:
+    if strategy.num_clients < len(updates):
+        raise ValueError(f"{strategy.name}: num_clients={strategy.num_clients} is smaller than the "
+                         f"{len(updates)} clients of this round; pass the total number of clients")
+
+
 class Strategy:
     """FedAvg; other algorithms override the hooks they change."""
 
@@ -73,9 +79,13 @@ class Strategy:
         model.load_state_dict(state.weights)
         return model
 
-    def average(self, updates: Sequence[ClientUpdate]) -> Weights:
-        return weighted_average([u.weights for u in updates],
-                                aggregation_coeffs(updates, self.aggregation))
+    def average(self, updates: Sequence[ClientUpdate],
+                items: Sequence[Weights] | None = None) -> Weights:
+        """The ``fl.aggregation`` average of the updates' weights, or of ``items`` (one dict per
+        update, e.g. an algorithm's extra tensors) with the same client coefficients."""
+        if items is None:
+            items = [u.weights for u in updates]
+        return weighted_average(items, aggregation_coeffs(updates, self.aggregation))
 
     # -- hooks ---------------------------------------------------------------------------------
     def init_server(self, model: nn.Module) -> ServerState:
