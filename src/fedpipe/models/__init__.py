@@ -20,6 +20,7 @@ from fedpipe.models.classifiers import (
     Normalize,
     ResNet18,
 )
+from fedpipe.models.unet import UNET_PRESETS, NoisePredictor, build_unet
 
 MODELS: dict[str, Callable[..., Classifier]] = {
     "mlp": MLP,  # Equitable-FL, MNIST "simple" model
@@ -50,12 +51,15 @@ def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int, **k
 
 __all__ = [
     "MODELS",
+    "UNET_PRESETS",
     "MLP",
     "CNNFedNH",
     "Classifier",
     "ConvNet",
     "LeNet",
+    "NoisePredictor",
     "Normalize",
     "ResNet18",
     "build_model",
+    "build_unet",
 ]

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpipe.tasks.diffusion import DiffusionTask
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -67,4 +69,6 @@ class ClassificationTask:
         return {"loss": float(loss_sum) / n, "accuracy": float(correct) / n, "n": float(len(y))}
 
 
-TASKS = {"classification": ClassificationTask}
+TASKS = {"classification": ClassificationTask, "diffusion": DiffusionTask}
+
+__all__ = ["Batch", "ClassificationTask", "DiffusionTask", "TASKS", "Task"]
