@@ -40,11 +40,25 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
            "FEDPIPE_TRACKING": "on", "MLFLOW_TRACKING_URI": f"sqlite:///{dst / 'test-mlflow.db'}",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+    shrink_diffusion_track(dst)
+    sh([str(BIN / "python"), "-m", "fedpipe.config.compose"], dst, env)
     sh(["git", "init", "-q"], dst, env)
     (dst / ".gitignore").write_text((dst / ".gitignore").read_text() + "/test-mlflow.db\n")
     sh(["git", "add", "-A"], dst, env)
     sh(["git", "commit", "-qm", "copy"], dst, env)
     return dst, env
+
+
+# CPU-tiny diffusion settings, written into the copy's conf/ so that `dvc exp run` composes them too.
+TINY_CONF = {"diffusion/digits.yaml": {"num_train_timesteps": 10},
+             "warmup/digits.yaml": {"epochs": 2},
+             "fid/default.yaml": {"classifier_epochs": 3}}
+
+
+def shrink_diffusion_track(dst: Path) -> None:
+    for rel, changes in TINY_CONF.items():
+        path = dst / "conf" / rel
+        path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **changes}, sort_keys=False))
 
 
 def ran(proc: subprocess.CompletedProcess) -> set[str]:
@@ -56,7 +70,11 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     dst, env = workdir
     first = sh(["dvc", "repro"], dst, env)
     algos = yaml.safe_load((dst / "params.yaml").read_text())["study"]["algorithms"]
-    assert ran(first) == {"partition", "evaluate"} | {f"federate@{a}" for a in algos}
+    diffusion_track = {"feature_extractor", "warmup", "generate", "aux_quality"}
+    assert ran(first) == {"partition", "evaluate"} | {f"federate@{a}" for a in algos} | diffusion_track
+    aux = json.loads((dst / "data/aux_quality/metrics.json").read_text())
+    assert aux["samples"] == round(0.1 * 1347) and aux["fid_aux"] > 0
+    assert len(list((dst / "data/warmup/models").glob("client_*.safetensors"))) == 10
     for a in algos:
         fed = json.loads((dst / f"data/federate/{a}/metrics.json").read_text())
         assert fed["rounds"] == 30 and 0.5 < fed["test_accuracy"] <= 1.0
@@ -101,7 +119,17 @@ def test_changing_one_algorithm_reruns_only_that_one(workdir):
     params["algorithms"]["fedprox"]["mu"] = 0.1
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
-    assert ran(proc) == {"federate@fedprox", "evaluate"}
+    assert ran(proc) == {"federate@fedprox", "evaluate"}  # warm-up and generation are not re-run
+
+
+def test_changing_generation_keeps_warmup(workdir):
+    dst, env = workdir
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    params["generate"]["sampler"] = "ddim"
+    params["generate"]["ddim_steps"] = 5
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = sh(["dvc", "repro"], dst, env)
+    assert ran(proc) == {"generate", "aux_quality"}
 
 
 def test_exp_run_with_hydra_override_gives_new_partition(workdir):

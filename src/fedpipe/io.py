@@ -95,6 +95,15 @@ def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
+def read_metadata(path: str | os.PathLike, key: str) -> Any:
+    """The JSON stored under metadata ``key`` of a safetensors file (None if the key is absent)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        raw = (f.metadata() or {}).get(key)
+    return None if raw is None else json.loads(raw)
+
+
 def save_figure(path: str | os.PathLike, fig: Any, dpi: int = 120) -> None:
     """Save a matplotlib figure as PNG, atomically, and close it."""
     import matplotlib.pyplot as plt

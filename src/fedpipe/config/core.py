@@ -34,7 +34,7 @@ def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Check ``value`` against the annotation ``tp`` (int, float, bool, str, list[...], X | None)."""
+    """Check ``value`` against the annotation ``tp`` (int, float, bool, str, dict, list[...], X | None)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -47,6 +47,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, value, f"a list of {item_tp.__name__}")
         return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, value, "a mapping")
+        return dict(value)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(key, value, "true or false")

@@ -10,7 +10,8 @@ from fedpipe.config.dataset import DatasetConfig, dataset_config
 from fedpipe.config.partition import PartitionConfig, partition_config
 
 # Top-level sections of params.yaml; later stages add theirs here.
-KNOWN_SECTIONS = ("seed", "dataset", "partition", "model", "fl", "study", "algorithms")
+KNOWN_SECTIONS = ("seed", "dataset", "partition", "model", "fl", "study", "algorithms", "diffusion",
+                  "warmup", "generate", "fid")
 
 
 def check_sections(params: dict[str, Any]) -> None:

@@ -37,14 +37,14 @@ class TrainConfig:
     params_read: dict
 
 
-def check_model(cfg: ModelConfig) -> None:
+def check_model(cfg: ModelConfig, prefix: str = "model") -> None:
     if cfg.name not in MODELS:
-        raise ConfigError("model.name", cfg.name, "one of " + ", ".join(sorted(MODELS)))
+        raise ConfigError(f"{prefix}.name", cfg.name, "one of " + ", ".join(sorted(MODELS)))
     options = set(inspect.signature(MODELS[cfg.name]).parameters) - {"self", "in_shape",
                                                                      "num_classes"}
     for key in cfg.kwargs:
         if key not in options:
-            raise ConfigError(f"model.kwargs.{key}", cfg.kwargs[key],
+            raise ConfigError(f"{prefix}.kwargs.{key}", cfg.kwargs[key],
                               f"options of model {cfg.name}: {', '.join(sorted(options))}")
 
 

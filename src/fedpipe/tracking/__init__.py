@@ -71,6 +71,13 @@ class StageRun:
 
             mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
+    def log_tags(self, tags: Mapping[str, Any]) -> None:
+        """Free-form tags, e.g. which FID extractor produced a score."""
+        if self.active:
+            import mlflow
+
+            mlflow.set_tags({k: str(v) for k, v in tags.items()})
+
     def log_file_hashes(self, kind: str, hashes: Mapping[str, str]) -> None:
         """Tags ``{kind}.{path}`` = md5 (``kind`` is 'input' or 'output')."""
         if self.active:

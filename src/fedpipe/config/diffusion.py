@@ -1,0 +1,203 @@
+"""Diffusion-track params: sections ``diffusion`` (the DDPM), ``warmup`` (local DDPMs), ``generate``
+(the auxiliary set) and ``fid`` (the FID feature extractor and sample counts).
+
+Paper values (FedDDPM, ``../shared/specs/001_fedddpm.md``) are named in the docstrings; where the paper
+is silent the default is the spec's inferred one and is marked so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedpipe.config.core import build, check, one_of
+from fedpipe.config.fl import OPTIMIZERS, ModelConfig, model_config
+
+UNET_PRESETS = ("digits_small", "mnist_paper", "cifar_paper")
+SAMPLERS = ("ddpm", "ddim")
+EXTRACTORS = ("classifier", "inception")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class DiffusionConfig:
+    """The DDPM noise predictor and its noise schedule.
+
+    - ``unet``: a preset of ``fedpipe.models.unet`` (``mnist_paper``: 3 levels 128/128/256, one res
+      block each; ``cifar_paper``: Ho et al.'s CIFAR-10 net; ``digits_small``: a CPU-sized net for 8x8
+      digits); ``unet_kwargs`` override single ``UNet2DModel`` arguments.
+    - ``num_train_timesteps`` T: paper 500 (MNIST) and 1000 (CIFAR); linear betas ``beta_start`` to
+      ``beta_end`` (1e-4 to 0.02, Ho et al.; inferred for the paper), fixed variance.
+    - ``conditional``: a class embedding (off in the paper); with it on, generated sets are labelled.
+    - ``ema_decay``: EMA of weights during warm-up (null = off, the default).
+    - ``device``: ``auto`` uses CUDA when available.
+    """
+
+    unet: str = "digits_small"
+    unet_kwargs: dict = field(default_factory=dict)
+    num_train_timesteps: int = 1000
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
+    conditional: bool = False
+    ema_decay: float | None = None
+    device: str = "auto"
+
+    def validate(self, p: str) -> None:
+        one_of(f"{p}.unet", self.unet, UNET_PRESETS)
+        check(self.num_train_timesteps >= 2, f"{p}.num_train_timesteps", self.num_train_timesteps,
+              "an integer >= 2")
+        check(0 < self.beta_start < self.beta_end < 1, f"{p}.beta_start", self.beta_start,
+              f"a number with 0 < beta_start < beta_end (= {self.beta_end}) < 1")
+        if self.ema_decay is not None:
+            check(0 < self.ema_decay < 1, f"{p}.ema_decay", self.ema_decay, "null or a number in (0, 1)")
+        one_of(f"{p}.device", self.device, DEVICES)
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    """Each client trains its own DDPM on its local data before FL (FedDDPM Sec. VI-A).
+
+    ``epochs``: paper 200 (MNIST), 400 (CIFAR-10), 600 (CIFAR-100). Optimizer, lr and batch size are not
+    given for the warm-up; the spec's inference is the client settings (Adam, 2e-4, B = 128 / 64).
+    """
+
+    epochs: int = 200
+    batch_size: int = 128
+    optimizer: str = "adam"
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+
+    def validate(self, p: str) -> None:
+        check(self.epochs >= 1, f"{p}.epochs", self.epochs, "an integer >= 1")
+        check(self.batch_size >= 1, f"{p}.batch_size", self.batch_size, "an integer >= 1")
+        one_of(f"{p}.optimizer", self.optimizer, OPTIMIZERS)
+        check(self.lr > 0, f"{p}.lr", self.lr, "a number > 0")
+        check(self.weight_decay >= 0, f"{p}.weight_decay", self.weight_decay, "a number >= 0")
+        if self.grad_clip is not None:
+            check(self.grad_clip > 0, f"{p}.grad_clip", self.grad_clip, "null or a number > 0")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """The auxiliary set: |A_i| = ratio * m_i samples from client i's warm-up model (paper: 0.1;
+    largest-remainder rounding so that the total is round(ratio * m) exactly).
+
+    ``sampler``: ``ddpm`` = ancestral sampling over all T steps (the paper's); ``ddim`` = DDIM with
+    ``ddim_steps`` steps (a documented deviation, much cheaper).
+    """
+
+    ratio: float = 0.1
+    sampler: str = "ddpm"
+    ddim_steps: int = 50
+    batch_size: int = 256
+
+    def validate(self, p: str) -> None:
+        check(0 < self.ratio <= 10, f"{p}.ratio", self.ratio, "a number in (0, 10]")
+        one_of(f"{p}.sampler", self.sampler, SAMPLERS)
+        check(self.ddim_steps >= 1, f"{p}.ddim_steps", self.ddim_steps, "an integer >= 1")
+        check(self.batch_size >= 1, f"{p}.batch_size", self.batch_size, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class FIDConfig:
+    """FID (``fedpipe.metrics.fid``).
+
+    - ``extractor``: ``classifier`` (default, offline) = penultimate features of ``classifier``
+      trained on the real training set by the ``feature_extractor`` stage; ``inception`` = the
+      standard 2048-d InceptionV3 FID, which needs ``inception_weights``, a local copy of
+      FID Inception weights (pytorch-fid's ``pt_inception-2015-12-05-6726825d.pth``; torch-fidelity's
+      ``weights-inception-2015-12-05-6726825d.pth`` has the same layout).
+    - ``num_samples``: generated samples per FID of a model (logged next to every score).
+    - ``classifier_epochs`` / ``classifier_lr`` / ``classifier_batch_size``: its training (Adam).
+    - ``device``: where features are computed (``auto`` = CUDA when available).
+    """
+
+    extractor: str = "classifier"
+    inception_weights: str | None = None
+    num_samples: int = 1000
+    batch_size: int = 256
+    classifier: ModelConfig = field(default_factory=lambda: ModelConfig("lenet", {}))
+    classifier_epochs: int = 30
+    classifier_lr: float = 1e-3
+    classifier_batch_size: int = 64
+    device: str = "auto"
+
+    def validate(self, p: str) -> None:
+        one_of(f"{p}.extractor", self.extractor, EXTRACTORS)
+        if self.extractor == "inception":
+            check(bool(self.inception_weights), f"{p}.inception_weights", self.inception_weights,
+                  "a local path to the FID Inception weights (pt_inception-2015-12-05-6726825d.pth)")
+            check(Path(self.inception_weights).is_file(), f"{p}.inception_weights",
+                  self.inception_weights, "an existing file (torch-fidelity's InceptionV3 weights; "
+                  "it cannot be downloaded by the pipeline)")
+        check(self.num_samples >= 2, f"{p}.num_samples", self.num_samples, "an integer >= 2")
+        check(self.batch_size >= 1, f"{p}.batch_size", self.batch_size, "an integer >= 1")
+        check(self.classifier_epochs >= 1, f"{p}.classifier_epochs", self.classifier_epochs,
+              "an integer >= 1")
+        check(self.classifier_lr > 0, f"{p}.classifier_lr", self.classifier_lr, "a number > 0")
+        check(self.classifier_batch_size >= 1, f"{p}.classifier_batch_size",
+              self.classifier_batch_size, "an integer >= 1")
+        one_of(f"{p}.device", self.device, DEVICES)
+
+
+def diffusion_config(data: dict[str, Any] | None, prefix: str = "diffusion") -> DiffusionConfig:
+    return build(DiffusionConfig, data, prefix)
+
+
+def warmup_config(data: dict[str, Any] | None, prefix: str = "warmup") -> WarmupConfig:
+    return build(WarmupConfig, data, prefix)
+
+
+def generate_config(data: dict[str, Any] | None, prefix: str = "generate") -> GenerateConfig:
+    return build(GenerateConfig, data, prefix)
+
+
+def fid_config(data: dict[str, Any] | None, prefix: str = "fid") -> FIDConfig:
+    data = dict(data or {})
+    classifier = model_config(data.pop("classifier", {"name": "lenet"}), f"{prefix}.classifier")
+    cfg = build(FIDConfig, data, prefix)
+    return FIDConfig(**{**cfg.__dict__, "classifier": classifier})
+
+
+# -- per-stage views -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DiffusionStageConfig:
+    """What the diffusion-track stages read. Each stage declares in dvc.yaml only the sections it uses
+    (``params_read``), so that changing an FL algorithm never re-runs warm-up or generation."""
+
+    seed: int
+    dataset: Any
+    diffusion: DiffusionConfig
+    warmup: WarmupConfig
+    generate: GenerateConfig
+    fid: FIDConfig
+    params_read: dict
+
+
+STAGE_SECTIONS = {
+    "feature_extractor": ("seed", "dataset", "fid"),
+    "warmup": ("seed", "dataset", "diffusion", "warmup"),
+    "generate": ("seed", "dataset", "diffusion", "warmup", "generate"),
+    "aux_quality": ("seed", "dataset", "diffusion", "generate", "fid"),
+}
+
+
+def diffusion_stage_config(params: dict[str, Any], stage: str) -> DiffusionStageConfig:
+    """Validate all diffusion-track sections (before any data is loaded); record those ``stage``
+    reads."""
+    from fedpipe.config.dataset import dataset_config
+    from fedpipe.config.stages import check_sections, read_seed
+
+    check_sections(params)
+    seed = read_seed(params)
+    ds = dataset_config(params.get("dataset"))
+    diff = diffusion_config(params.get("diffusion"))
+    if diff.conditional:
+        check(ds.num_classes() >= 2, "diffusion.conditional", True, "false for a dataset with one class")
+    cfg = DiffusionStageConfig(
+        seed=seed, dataset=ds, diffusion=diff, warmup=warmup_config(params.get("warmup")),
+        generate=generate_config(params.get("generate")), fid=fid_config(params.get("fid")),
+        params_read={k: params.get(k) for k in STAGE_SECTIONS[stage]})
+    return cfg

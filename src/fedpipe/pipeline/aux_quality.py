@@ -1,0 +1,91 @@
+"""The aux_quality stage: how good is the auxiliary set A (FedDDPM Table IV, first row)?
+
+- FID of A against the real training set (the cached reference), with the extractor's name and
+  the sample count next to it; beside it, the FID of a real test subset of the same size, because FID
+  is biased upwards for small sample counts and this is the floor real data of that size reaches.
+- With class conditioning (A labelled): the accuracy of the feature-extractor classifier on A per
+  requested class (``per_class.csv``, ``per_class.png``).
+
+A separate stage from ``generate`` so that changing FID settings never re-samples A.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedpipe.config.diffusion import DiffusionStageConfig
+from fedpipe.data import load_dataset
+from fedpipe.io import md5_file, save_figure, write_csv, write_json
+from fedpipe.pipeline.diffusion import AUX_FILE, AUX_QUALITY_DIR, FID_DIR
+from fedpipe.pipeline.feature_extractor import load_fid_tools
+from fedpipe.pipeline.generate import load_aux
+from fedpipe.rng import numpy_rng
+from fedpipe.tasks import ClassificationTask
+
+log = logging.getLogger(__name__)
+
+
+def per_class_accuracy(classifier: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                       num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(accuracy per class, count per class) of ``classifier`` on labelled images (NaN if no row)."""
+    device = next(classifier.parameters()).device
+    correct = ClassificationTask().correct(classifier, images.to(device), labels.to(device)).cpu().numpy()
+    y = labels.numpy()
+    counts = np.bincount(y, minlength=num_classes)
+    hits = np.bincount(y, weights=correct.astype(np.float64), minlength=num_classes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, hits / np.maximum(counts, 1), np.nan), counts
+
+
+def plot_per_class(acc: np.ndarray, class_names: list[str], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4, 0.35 * len(acc)), 3))
+    ax.bar(range(len(acc)), np.nan_to_num(acc, nan=0.0))
+    ax.set_xticks(range(len(acc)), class_names, rotation=90 if len(acc) > 20 else 0, fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("classifier accuracy")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path = AUX_QUALITY_DIR,
+                aux_path: str | Path = AUX_FILE, fid_dir: str | Path = FID_DIR) -> dict:
+    out = Path(out_dir)
+    ds = load_dataset(cfg.dataset)
+    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir)
+    aux = load_aux(aux_path)
+    n = len(aux.images)
+    bs = cfg.fid.batch_size
+    metrics: dict = {"extractor": tools.fid.name, "samples": n,
+                     "fid_aux": tools.fid.score(aux.images, tools.reference, batch_size=bs)}
+    if len(ds.test) >= 2:
+        m = min(n, len(ds.test))
+        pick = np.sort(numpy_rng(cfg.seed, "aux-quality-real", 0).choice(len(ds.test), m, replace=False))
+        metrics["fid_real_test_same_n"] = tools.fid.score(ds.test.x[torch.from_numpy(pick)],
+                                                          tools.reference, batch_size=bs)
+        metrics["real_test_samples"] = m
+    names = list(ds.meta.class_names) or [str(c) for c in range(ds.meta.num_classes)]
+    acc = np.full(ds.meta.num_classes, np.nan)
+    counts = np.zeros(ds.meta.num_classes, dtype=np.int64)
+    if aux.labelled:
+        acc, counts = per_class_accuracy(tools.classifier, aux.images, aux.labels, ds.meta.num_classes)
+        metrics["class_accuracy"] = float(np.nansum(acc * counts) / max(counts.sum(), 1))
+        metrics["worst_class_accuracy"] = float(np.nanmin(acc))
+    # Always written (empty accuracies for an unlabelled set) so the DVC outputs exist either way.
+    write_csv(out / "per_class.csv", ["class", "requested", "accuracy"],
+              [[names[c], int(counts[c]), "" if np.isnan(acc[c]) else float(acc[c])]
+               for c in range(len(acc))])
+    title = ("classifier accuracy on generated samples per requested class" if aux.labelled
+             else "unlabelled auxiliary set (diffusion.conditional is false)")
+    save_figure(out / "per_class.png", plot_per_class(acc, names, title))
+    write_json(out / "metrics.json", metrics)
+    log.info("aux set: FID %.4f on %d samples (%s)", metrics["fid_aux"], n, tools.fid.name)
+    return {"metrics": metrics, "inputs": {str(aux_path): md5_file(aux_path)}}

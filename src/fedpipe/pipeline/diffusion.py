@@ -1,0 +1,59 @@
+"""Shared set-up of the diffusion-track stages: device, the DDPM task, the noise predictor, and the
+paths of the stage outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from fedpipe.config.diffusion import DiffusionConfig
+from fedpipe.data import DatasetMeta
+from fedpipe.models.unet import NoisePredictor, build_unet
+from fedpipe.rng import torch_seed
+from fedpipe.tasks.diffusion import DiffusionTask
+
+FID_DIR = Path("data/fid")
+WARMUP_DIR = Path("data/warmup")
+GENERATE_DIR = Path("data/generate")
+AUX_QUALITY_DIR = Path("data/aux_quality")
+AUX_FILE = GENERATE_DIR / "aux.safetensors"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+    if name == "cuda" and not torch.cuda.is_available():
+        from fedpipe.config import ConfigError
+
+        raise ConfigError("diffusion.device", name, "auto or cpu (no CUDA device is available)")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def make_task(cfg: DiffusionConfig) -> DiffusionTask:
+    return DiffusionTask(num_train_timesteps=cfg.num_train_timesteps, beta_start=cfg.beta_start,
+                         beta_end=cfg.beta_end, conditional=cfg.conditional)
+
+
+def make_unet(cfg: DiffusionConfig, meta: DatasetMeta, seed: int, purpose: str, *keys: int
+              ) -> NoisePredictor:
+    """A fresh noise predictor with weights drawn from the stream ``(seed, purpose, *keys)``.
+
+    torch's initialisers draw from the global RNG; ``fork_rng`` confines the seeding to this call.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch_seed(seed, purpose, *keys))
+        return build_unet(cfg.unet, meta.shape, meta.num_classes if cfg.conditional else None,
+                          **cfg.unet_kwargs)
+
+
+def params_fingerprint(params: dict, *files: str | Path) -> str:
+    """A short hash of params and input-file contents: identifies resumable partial work."""
+    from fedpipe.io import md5_file
+
+    blob = json.dumps({"params": params, "files": [md5_file(f) for f in files]}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

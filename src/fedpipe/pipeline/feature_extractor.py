@@ -1,0 +1,138 @@
+"""The feature_extractor stage: the FID feature extractor and the cached reference statistics of the
+real training set.
+
+- Default (``fid.extractor: classifier``): a classifier from the model registry (``fid.classifier``)
+  is trained centrally on the real training set (Adam, ``fid.classifier_*``), and FID uses its
+  penultimate-layer features. This is the usual practice for MNIST-like data and the only one that
+  works offline. The classifier is also what measures the class accuracy of labelled generated sets.
+- ``fid.extractor: inception``: the standard 2048-d InceptionV3 FID from a local weights file; the
+  classifier is still trained (for the class-accuracy checks).
+
+Outputs in ``data/fid/``: ``classifier.safetensors``, ``reference.safetensors`` (sum, covariance sum
+and count of the real training features, tagged with the extractor's name) and ``metrics.json``
+(classifier test accuracy; FID of the real test set against the reference, the floor that real
+data of that size reaches).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from fedpipe.config.diffusion import DiffusionStageConfig, FIDConfig
+from fedpipe.config.fl import LocalTrainConfig
+from fedpipe.data import ClientData, DatasetMeta, load_dataset
+from fedpipe.fl.local import local_train
+from fedpipe.io import load_tensors, md5_file, read_metadata, save_tensors, write_json
+from fedpipe.metrics.fid import FID, ClassifierFeatures, inception_extractor, load_reference, save_reference
+from fedpipe.models import build_model
+from fedpipe.pipeline.diffusion import FID_DIR, resolve_device
+from fedpipe.rng import torch_generator, torch_seed
+from fedpipe.tasks import ClassificationTask
+
+log = logging.getLogger(__name__)
+
+META_KEY = "fedpipe.fid_classifier"
+
+
+@dataclass(frozen=True)
+class FIDTools:
+    """What scoring needs: the FID object, the cached real reference, and the trained classifier."""
+
+    fid: FID
+    reference: dict[str, torch.Tensor]
+    classifier: torch.nn.Module
+
+
+def build_classifier(cfg: FIDConfig, meta: DatasetMeta, seed: int) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch_seed(seed, "fid-classifier-init"))
+        return build_model(cfg.classifier.name, meta.shape, meta.num_classes, mean=meta.mean,
+                           std=meta.std, **cfg.classifier.kwargs)
+
+
+def make_fid(cfg: FIDConfig, classifier: torch.nn.Module, device: torch.device) -> FID:
+    if cfg.extractor == "inception":
+        return FID(inception_extractor(cfg.inception_weights), "inception-v3-2048", device=device)
+    return FID(ClassifierFeatures(classifier), f"classifier:{cfg.classifier.name}", device=device)
+
+
+def train_classifier(cfg: FIDConfig, meta: DatasetMeta, train: ClientData, seed: int,
+                     device: torch.device, progress: bool = True) -> torch.nn.Module:
+    model = build_classifier(cfg, meta, seed).to(device)
+    local = LocalTrainConfig(epochs=cfg.classifier_epochs, batch_size=cfg.classifier_batch_size,
+                             optimizer="adam", lr=cfg.classifier_lr)
+    total = cfg.classifier_epochs * math.ceil(len(train) / cfg.classifier_batch_size)
+    with tqdm(total=total, desc="FID classifier", unit="step", disable=not progress,
+              mininterval=1.0) as bar:
+        local_train(model, train, _OnDevice(device), local, 0, torch_generator(seed, "fid-classifier"),
+                    step_hook=lambda m: bar.update(1))
+    return model.eval()
+
+
+class _OnDevice(ClassificationTask):
+    """Cross-entropy with the batch moved to the model's device (the data stays on the CPU)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def loss(self, model, batch, generator):
+        x, y = batch
+        return super().loss(model, (x.to(self.device), y.to(self.device)), generator)
+
+
+def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
+                      progress: bool = True) -> dict:
+    """Train the classifier, cache the reference statistics; returns the stage's metrics."""
+    out = Path(out_dir)
+    ds = load_dataset(cfg.dataset)
+    device = resolve_device(cfg.fid.device)
+    clf = train_classifier(cfg.fid, ds.meta, ClientData(ds.train.x, ds.train.y), cfg.seed, device,
+                           progress)
+    acc = ClassificationTask().evaluate(clf.cpu(), ds.test.x, ds.test.y)["accuracy"]
+    clf.to(device)
+    meta = {"model": cfg.fid.classifier.name, "kwargs": cfg.fid.classifier.kwargs,
+            "dataset": cfg.dataset.name, "test_accuracy": acc}
+    save_tensors(out / "classifier.safetensors",
+                 dict(sorted((k, v) for k, v in clf.state_dict().items())),
+                 {META_KEY: json.dumps(meta, sort_keys=True)})
+    fid = make_fid(cfg.fid, clf, device)
+    ref = fid.reference(ds.train.x, batch_size=cfg.fid.batch_size)
+    save_reference(out / "reference.safetensors", ref, fid.name)
+    test_fid = fid.score(ds.test.x, ref, batch_size=cfg.fid.batch_size)
+    metrics = {"extractor": fid.name, "classifier_test_accuracy": acc,
+               "reference_samples": len(ds.train), "fid_real_test": test_fid,
+               "real_test_samples": len(ds.test)}
+    write_json(out / "metrics.json", metrics)
+    log.info("FID extractor %s: classifier test accuracy %.4f; FID(real test, train) = %.4f",
+             fid.name, acc, test_fid)
+    return {"metrics": metrics,
+            "outputs": {str(out / "reference.safetensors"): md5_file(out / "reference.safetensors")}}
+
+
+def load_fid_tools(cfg: FIDConfig, meta: DatasetMeta, seed: int, fid_dir: str | Path = FID_DIR
+                   ) -> FIDTools:
+    """The FID object, reference and classifier written by the feature_extractor stage."""
+    d = Path(fid_dir)
+    for f in ("classifier.safetensors", "reference.safetensors"):
+        if not (d / f).is_file():
+            raise FileNotFoundError(f"missing {d / f} (run `dvc repro feature_extractor`)")
+    saved = read_metadata(d / "classifier.safetensors", META_KEY) or {}
+    if saved.get("model") != cfg.classifier.name:
+        raise ValueError(f"{d / 'classifier.safetensors'} holds a {saved.get('model')!r} classifier, "
+                         f"params say {cfg.classifier.name!r} (re-run `dvc repro feature_extractor`)")
+    device = resolve_device(cfg.device)
+    clf = build_classifier(cfg, meta, seed)
+    clf.load_state_dict(load_tensors(d / "classifier.safetensors"))
+    clf.to(device).eval()
+    fid = make_fid(cfg, clf, device)
+    ref, name = load_reference(d / "reference.safetensors")
+    if name != fid.name:
+        raise ValueError(f"{d / 'reference.safetensors'} was made with {name!r}, not {fid.name!r}")
+    return FIDTools(fid, ref, clf)

@@ -1,0 +1,136 @@
+"""The generate stage (FedDDPM Sec. III, "auxiliary data generation"): the server samples
+|A_i| = ratio * m_i images from client i's warm-up DDPM and pools them into the auxiliary set A.
+
+The per-client counts use largest-remainder rounding of round(ratio * m) over the client sizes, so the
+total is exact. With class conditioning, client i's rows are labelled in proportion to its own class
+counts (again largest remainder), so A is labelled.
+
+Outputs (all atomic): ``aux.safetensors`` (``images`` float32 in [0, 1], ``labels`` int64, -1 when
+unconditional, ``client`` int64 per row), ``sources.json`` (which client produced which rows),
+``grids/client_XXX.png`` (a sample grid per client) and ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from fedpipe.config.diffusion import DiffusionStageConfig
+from fedpipe.data import apportion, load_dataset
+from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_json
+from fedpipe.pipeline.common import PARTITION_PATH, load_partition
+from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet, resolve_device
+from fedpipe.pipeline.warmup import client_path
+from fedpipe.rng import torch_generator
+
+log = logging.getLogger(__name__)
+
+META_KEY = "fedpipe.aux"
+
+
+@dataclass(frozen=True)
+class AuxSet:
+    images: torch.Tensor  # (n, C, H, W) float32 in [0, 1]
+    labels: torch.Tensor  # (n,) int64; -1 when unconditional
+    client: torch.Tensor  # (n,) int64: the client whose model produced the row
+    meta: dict
+
+    @property
+    def labelled(self) -> bool:
+        return bool(len(self.labels)) and bool((self.labels >= 0).all())
+
+
+def aux_counts(sizes: np.ndarray, ratio: float) -> np.ndarray:
+    """|A_i| = ratio * m_i, rounded by largest remainder so that sum |A_i| = round(ratio * sum m_i)."""
+    return apportion(int(round(ratio * float(np.sum(sizes)))), sizes)
+
+
+def requested_labels(n: int, class_counts: np.ndarray) -> torch.Tensor:
+    """``n`` labels in proportion to ``class_counts`` (largest remainder), sorted by class."""
+    per_class = apportion(n, class_counts)
+    return torch.repeat_interleave(torch.arange(len(per_class)), torch.from_numpy(per_class))
+
+
+def load_aux(path: str | Path) -> AuxSet:
+    from fedpipe.io import read_metadata
+
+    t = load_tensors(path)
+    return AuxSet(t["images"], t["labels"], t["client"], read_metadata(path, META_KEY) or {})
+
+
+def plot_grid(images: torch.Tensor, title: str, max_images: int = 64):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from torchvision.utils import make_grid
+
+    grid = make_grid(images[:max_images], nrow=8, padding=1, pad_value=1.0)
+    fig, ax = plt.subplots(figsize=(4, 4 * grid.shape[1] / grid.shape[2]))
+    ax.imshow(grid.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray", vmin=0, vmax=1)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
+             warmup_dir: str | Path = WARMUP_DIR, partition_path: str | Path = PARTITION_PATH,
+             progress: bool = True) -> dict:
+    """Sample the auxiliary set from the warm-up models; returns the stage metrics."""
+    out = Path(out_dir)
+    part = load_partition(partition_path)
+    ds = load_dataset(cfg.dataset)
+    task = make_task(cfg.diffusion)
+    device = resolve_device(cfg.diffusion.device)
+    g = cfg.generate
+    counts = aux_counts(part.sizes(), g.ratio)
+    steps = cfg.diffusion.num_train_timesteps if g.sampler == "ddpm" else g.ddim_steps
+    train_y = ds.train.y.numpy()
+    images, labels, owner, sources = [], [], [], {}
+    start, t0 = 0, time.perf_counter()
+    bar = tqdm(total=int(counts.sum()), desc="generate", unit="img", disable=not progress)
+    for cid, n in enumerate(counts.tolist()):
+        sources[str(cid)] = {"start": start, "count": n}
+        if n == 0:
+            continue
+        path = client_path(Path(warmup_dir) / "models", cid)
+        if not path.is_file():
+            raise FileNotFoundError(f"generate: missing warm-up model {path} (run `dvc repro warmup`)")
+        model = make_unet(cfg.diffusion, ds.meta, cfg.seed, "warmup-init", cid)
+        model.load_state_dict(load_tensors(path))
+        model.to(device)
+        y = None
+        if cfg.diffusion.conditional:
+            y = requested_labels(n, np.bincount(train_y[part.train[cid]], minlength=ds.meta.num_classes))
+        x = task.sample(model, n, labels=y, sampler=g.sampler, steps=steps,
+                        generator=torch_generator(cfg.seed, "generate", cid), batch_size=g.batch_size)
+        images.append(x)
+        labels.append(y if y is not None else torch.full((n,), -1, dtype=torch.int64))
+        owner.append(torch.full((n,), cid, dtype=torch.int64))
+        save_figure(out / "grids" / f"client_{cid:03d}.png",
+                    plot_grid(x, f"client {cid}: {n} samples ({g.sampler}, {steps} steps)"))
+        start += n
+        bar.update(n)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    meta = {"sampler": g.sampler, "steps": steps, "ratio": g.ratio,
+            "conditional": cfg.diffusion.conditional, "total": int(counts.sum()),
+            "dataset": cfg.dataset.name}
+    save_tensors(out / "aux.safetensors",
+                 {"images": torch.cat(images), "labels": torch.cat(labels), "client": torch.cat(owner)},
+                 {META_KEY: json.dumps(meta, sort_keys=True)})
+    write_json(out / "sources.json", sources)
+    metrics = {"samples": float(counts.sum()), "model_evaluations": float(counts.sum() * steps),
+               "seconds": seconds, "steps": float(steps)}
+    write_json(out / "metrics.json", metrics)
+    log.info("generate: %d samples from %d clients (%s, %d steps) in %.1f s", counts.sum(),
+             int((counts > 0).sum()), g.sampler, steps, seconds)
+    return {"metrics": metrics, "inputs": {str(partition_path): md5_file(partition_path)},
+            "outputs": {str(out / "aux.safetensors"): md5_file(out / "aux.safetensors")}}

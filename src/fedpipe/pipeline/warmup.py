@@ -1,0 +1,179 @@
+"""The warmup stage (FedDDPM Sec. VI-A, "warm-up"): every client trains its own DDPM on its local data
+for ``warmup.epochs`` epochs, from its own seeded initialisation, before any FL round.
+
+Outputs ``data/warmup/models/client_XXX.safetensors`` (one checkpoint per client: the EMA weights when
+``diffusion.ema_decay`` is set), ``losses.csv`` (client, epoch, mean epoch loss), ``losses.png`` and
+``metrics.json``.
+
+Resumable: each client's checkpoint is written atomically as soon as that client finishes, tagged
+with a fingerprint of the params the stage reads and of the partition file. A killed warm-up restarts
+at the first client without a matching checkpoint; a checkpoint from other params is redone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig
+from fedpipe.config.fl import LocalTrainConfig
+from fedpipe.data import ClientData, load_dataset
+from fedpipe.fl.local import local_train
+from fedpipe.io import md5_file, read_metadata, save_figure, save_tensors, write_csv, write_json
+from fedpipe.pipeline.common import PARTITION_PATH, clients_of, load_partition
+from fedpipe.pipeline.diffusion import (
+    WARMUP_DIR,
+    make_task,
+    make_unet,
+    params_fingerprint,
+    resolve_device,
+)
+from fedpipe.rng import torch_generator
+from fedpipe.tasks.diffusion import DiffusionTask, ema_step_hook, ema_weights, make_ema
+
+log = logging.getLogger(__name__)
+
+META_KEY = "fedpipe.warmup"
+
+
+@dataclass(frozen=True)
+class WarmupOutputs:
+    out_dir: Path
+    losses: dict[int, list[float]]  # client -> mean loss per epoch
+    trained: list[int]  # clients trained in this call (the others were resumed)
+    metrics: dict[str, float]
+    inputs: dict[str, str]
+
+
+def client_path(models_dir: str | Path, client_id: int) -> Path:
+    return Path(models_dir) / f"client_{client_id:03d}.safetensors"
+
+
+def local_config(cfg: WarmupConfig) -> LocalTrainConfig:
+    return LocalTrainConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, optimizer=cfg.optimizer,
+                            lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
+
+
+def train_client_ddpm(model: torch.nn.Module, data: ClientData, task: DiffusionTask,
+                      cfg: WarmupConfig, gen: torch.Generator, *, ema_decay: float | None = None,
+                      on_step: Callable[[], None] | None = None
+                      ) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Train one client's DDPM through the shared local loop; returns (weights to keep, per-epoch
+    mean losses). The weights are the EMA weights (diffusers' ``EMAModel``, with its warm-up of the
+    decay) when ``ema_decay`` is set."""
+    step_losses: list[torch.Tensor] = []
+
+    def loss_fn(m: torch.nn.Module, batch) -> torch.Tensor:
+        loss = task.loss(m, batch, gen)
+        step_losses.append(loss.detach())
+        return loss
+
+    ema = make_ema(model, ema_decay) if ema_decay is not None else None
+    ema_hook = ema_step_hook(ema) if ema is not None else None
+
+    def step_hook(m: torch.nn.Module) -> None:
+        if ema_hook is not None:
+            ema_hook(m)
+        if on_step is not None:
+            on_step()
+
+    local_train(model, data, task, local_config(cfg), 0, gen, loss_fn=loss_fn, step_hook=step_hook)
+    per_epoch = math.ceil(len(data) / cfg.batch_size)
+    epoch_losses = torch.stack(step_losses).double().view(cfg.epochs, per_epoch).mean(1).tolist()
+    with ema_weights(ema, model) if ema is not None else contextlib.nullcontext(model):
+        weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return weights, epoch_losses
+
+
+def _finished(path: Path, fingerprint: str) -> dict | None:
+    if not path.is_file():
+        return None
+    meta = read_metadata(path, META_KEY)
+    return meta if meta and meta.get("fingerprint") == fingerprint else None
+
+
+def plot_losses(losses: dict[int, list[float]], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for cid, ls in sorted(losses.items()):
+        ax.plot(range(1, len(ls) + 1), ls, lw=1, label=f"client {cid}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("epsilon-MSE (epoch mean)")
+    ax.set_yscale("log")
+    if len(losses) <= 12:
+        ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title)
+    return fig
+
+
+def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
+           partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
+           progress: bool = True) -> WarmupOutputs:
+    """Train (or resume) every client's warm-up DDPM. ``stop_after``: stop after training that many
+    clients in this call (simulates an interruption; used by tests)."""
+    out = Path(out_dir)
+    models_dir = out / "models"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    part = load_partition(partition_path)
+    ds = load_dataset(cfg.dataset)
+    clients = clients_of(ds, part)
+    task = make_task(cfg.diffusion)
+    device = resolve_device(cfg.diffusion.device)
+    fp = params_fingerprint(cfg.params_read, partition_path)
+    for stale in models_dir.glob("client_*.safetensors"):  # clients of an earlier, larger partition
+        if int(stale.stem.split("_")[1]) >= len(clients):
+            stale.unlink()
+    losses: dict[int, list[float]] = {}
+    trained: list[int] = []
+    seconds = 0.0
+    steps_per_client = [cfg.warmup.epochs * math.ceil(len(c) / cfg.warmup.batch_size) for c in clients]
+    bar = tqdm(total=sum(steps_per_client), desc="warm-up", unit="step", disable=not progress,
+               mininterval=1.0)
+    for cid, data in enumerate(clients):
+        path = client_path(models_dir, cid)
+        done = _finished(path, fp)
+        if done is not None:
+            losses[cid] = done["losses"]
+            bar.update(steps_per_client[cid])
+            continue
+        if stop_after is not None and len(trained) >= stop_after:
+            break
+        if len(data) == 0:
+            raise ValueError(f"warm-up: client {cid} has no training data")
+        bar.set_description(f"warm-up client {cid + 1}/{len(clients)}")
+        model = make_unet(cfg.diffusion, ds.meta, cfg.seed, "warmup-init", cid).to(device)
+        t0 = time.perf_counter()
+        weights, losses[cid] = train_client_ddpm(
+            model, data, task, cfg.warmup, torch_generator(cfg.seed, "warmup", cid),
+            ema_decay=cfg.diffusion.ema_decay, on_step=lambda: bar.update(1))
+        seconds += time.perf_counter() - t0
+        meta = {"fingerprint": fp, "client": cid, "samples": len(data), "losses": losses[cid],
+                "epochs": cfg.warmup.epochs}
+        save_tensors(path, dict(sorted(weights.items())), {META_KEY: json.dumps(meta, sort_keys=True)})
+        trained.append(cid)
+    bar.close()
+    complete = len(losses) == len(clients)
+    metrics = {"clients": float(len(clients)), "clients_trained_now": float(len(trained)),
+               "train_seconds_now": seconds,
+               "final_loss_mean": float(np.mean([ls[-1] for ls in losses.values()])) if losses else 0.0}
+    if complete:
+        write_csv(out / "losses.csv", ["client", "epoch", "loss"],
+                  [[cid, e + 1, v] for cid, ls in sorted(losses.items()) for e, v in enumerate(ls)])
+        save_figure(out / "losses.png", plot_losses(losses, f"warm-up DDPMs on {cfg.dataset.name}"))
+        write_json(out / "metrics.json", metrics)
+        log.info("warm-up: %d clients (%d trained now, %.1f s)", len(clients), len(trained), seconds)
+    return WarmupOutputs(out, losses, trained, metrics, {str(partition_path): md5_file(partition_path)})

@@ -1,0 +1,26 @@
+"""DVC stage `feature_extractor`: the FID feature extractor and the real training set's reference
+statistics.
+
+Reads params: seed, dataset, fid. Writes data/fid/ (classifier, reference statistics, metrics).
+"""
+
+from fedpipe.cli import run_stage
+from fedpipe.config import load_params
+from fedpipe.config.diffusion import diffusion_stage_config
+from fedpipe.pipeline.common import check_model
+from fedpipe.pipeline.feature_extractor import feature_extractor
+from fedpipe.tracking import stage_run
+
+
+def main() -> None:
+    cfg = diffusion_stage_config(load_params(), "feature_extractor")  # validates before any compute
+    check_model(cfg.fid.classifier, "fid.classifier")
+    with stage_run("feature_extractor", cfg.params_read, cfg.seed) as run:
+        out = feature_extractor(cfg)
+        run.log_metrics(out["metrics"])
+        run.log_tags({"fid.extractor_name": out["metrics"]["extractor"]})
+        run.log_file_hashes("output", out["outputs"])
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,26 @@
+"""DVC stage `warmup`: every client trains its own DDPM on its local data (FedDDPM's warm-up).
+
+Reads params: seed, dataset, diffusion, warmup; the partition file. Writes data/warmup/ (one
+checkpoint per client, loss curves, metrics). Resumes at the first unfinished client.
+"""
+
+from fedpipe.cli import run_stage
+from fedpipe.config import load_params
+from fedpipe.config.diffusion import diffusion_stage_config
+from fedpipe.pipeline.warmup import warmup
+from fedpipe.tracking import stage_run
+
+
+def main() -> None:
+    cfg = diffusion_stage_config(load_params(), "warmup")  # validates before any data is loaded
+    with stage_run("warmup", cfg.params_read, cfg.seed) as run:
+        out = warmup(cfg)
+        for cid, losses in sorted(out.losses.items()):
+            run.log_metrics({f"client_{cid:03d}_final_loss": losses[-1]})
+        run.log_metrics(out.metrics)
+        run.log_file_hashes("input", out.inputs)
+        run.log_artifact(out.out_dir / "losses.png", "plots")
+
+
+if __name__ == "__main__":
+    run_stage(main)
