@@ -12,7 +12,8 @@ from fedpipe.tracking import stage_run
 def main() -> None:
     params = load_params()
     first = train_config(params, ((params.get("study") or {}).get("algorithms") or ["fedavg"])[0])
-    cfgs = [first] + [train_config(params, a) for a in first.study.algorithms[1:]]
+    names = first.study.algorithms[1:] + first.study.calibrated_algorithms
+    cfgs = [first] + [train_config(params, a) for a in names]
     with stage_run("evaluate", {"study": params.get("study"), **first.params_read}, first.seed) as run:
         out = evaluate_study(cfgs)
         for algo, m in out.metrics.items():

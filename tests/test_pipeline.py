@@ -52,7 +52,8 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
 # CPU-tiny diffusion settings, written into the copy's conf/ so that `dvc exp run` composes them too.
 TINY_CONF = {"diffusion/digits.yaml": {"num_train_timesteps": 10},
              "warmup/digits.yaml": {"epochs": 2},
-             "fid/default.yaml": {"classifier_epochs": 3}}
+             "diffusion_fl/digits.yaml": {"rounds": 2, "eval_every": 1},
+             "fid/default.yaml": {"classifier_epochs": 3, "num_samples": 20, "curve_samples": 10}}
 
 
 def shrink_diffusion_track(dst: Path) -> None:
@@ -70,8 +71,12 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     dst, env = workdir
     first = sh(["dvc", "repro"], dst, env)
     algos = yaml.safe_load((dst / "params.yaml").read_text())["study"]["algorithms"]
-    diffusion_track = {"feature_extractor", "warmup", "generate", "aux_quality"}
+    study = yaml.safe_load((dst / "params.yaml").read_text())["study"]
+    diffusion_track = {"feature_extractor", "warmup", "generate", "aux_quality", "report"} | {
+        f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
     assert ran(first) == {"partition", "evaluate"} | {f"federate@{a}" for a in algos} | diffusion_track
+    report = (dst / "data/report/report.md").read_text()
+    assert all(f"| {a} |" in report for a in study["diffusion_algorithms"] + algos)
     aux = json.loads((dst / "data/aux_quality/metrics.json").read_text())
     assert aux["samples"] == round(0.1 * 1347) and aux["fid_aux"] > 0
     assert len(list((dst / "data/warmup/models").glob("client_*.safetensors"))) == 10
@@ -119,7 +124,17 @@ def test_changing_one_algorithm_reruns_only_that_one(workdir):
     params["algorithms"]["fedprox"]["mu"] = 0.1
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
-    assert ran(proc) == {"federate@fedprox", "evaluate"}  # warm-up and generation are not re-run
+    # the diffusion track's FedProx reads the same algorithms.fedprox section
+    assert ran(proc) == {"federate@fedprox", "evaluate", "federate_ddpm@fedprox-0", "report"}
+
+
+def test_changing_fedddpm_server_lr_reruns_only_fedddpm(workdir):
+    dst, env = workdir
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    params["algorithms"]["fedddpm"]["server_lr"] = 1e-4
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = sh(["dvc", "repro"], dst, env)
+    assert ran(proc) == {"federate_ddpm@fedddpm-0", "report"}  # no partition, warm-up, generation
 
 
 def test_changing_generation_keeps_warmup(workdir):
@@ -129,7 +144,10 @@ def test_changing_generation_keeps_warmup(workdir):
     params["generate"]["ddim_steps"] = 5
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
-    assert ran(proc) == {"generate", "aux_quality"}
+    study = params["study"]
+    assert ran(proc) == {"generate", "aux_quality", "report"} | {
+        f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
+    assert not ran(proc) & {"partition", "warmup", "feature_extractor", "evaluate"}
 
 
 def test_exp_run_with_hydra_override_gives_new_partition(workdir):

@@ -16,9 +16,14 @@ EXIT_DIVERGED = 3
 
 def stage_argument(argv: list[str], name: str) -> str:
     """The single positional argument of a stage script (e.g. the algorithm of `federate@x`)."""
-    if len(argv) != 2:
-        raise ConfigError(name, argv[1:], f"exactly one {name} argument")
-    return argv[1]
+    return stage_arguments(argv, name)[0]
+
+
+def stage_arguments(argv: list[str], *names: str) -> list[str]:
+    """The positional arguments ``names`` of a stage script (e.g. algorithm and seed)."""
+    if len(argv) != len(names) + 1:
+        raise ConfigError(" ".join(names), argv[1:], f"exactly the arguments: {' '.join(names)}")
+    return argv[1:]
 
 
 def run_stage(main: Callable[[], None]) -> None:

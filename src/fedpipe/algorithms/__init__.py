@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedpipe.algorithms.feddc import FedDC
+from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
 from fedpipe.algorithms.feddyn import FedDyn
 from fedpipe.algorithms.fedprox import FedProx
 from fedpipe.algorithms.mofedsam import MoFedSAM
@@ -23,6 +24,8 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "feddyn": FedDyn,
     "feddc": FedDC,
     "mofedsam": MoFedSAM,
+    "fedddpm": FedDDPM,
+    "fedddpm_plus": FedDDPMPlus,
 }
 
 

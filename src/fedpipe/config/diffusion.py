@@ -111,6 +111,9 @@ class FIDConfig:
       ``weights-inception-2015-12-05-6726825d.pth`` has the same layout).
     - ``num_samples``: generated samples per FID of a model (logged next to every score).
     - ``classifier_epochs`` / ``classifier_lr`` / ``classifier_batch_size``: its training (Adam).
+    - ``curve_samples``: generated samples per point of a federated DDPM's FID-per-round curve
+      (every ``diffusion_fl.eval_every`` rounds).
+    - ``sampler`` / ``ddim_steps``: how models are sampled for FID (``ddpm``: all T steps, the paper's).
     - ``device``: where features are computed (``auto`` = CUDA when available).
     """
 
@@ -122,6 +125,9 @@ class FIDConfig:
     classifier_epochs: int = 30
     classifier_lr: float = 1e-3
     classifier_batch_size: int = 64
+    curve_samples: int = 200
+    sampler: str = "ddpm"
+    ddim_steps: int = 50
     device: str = "auto"
 
     def validate(self, p: str) -> None:
@@ -139,6 +145,9 @@ class FIDConfig:
         check(self.classifier_lr > 0, f"{p}.classifier_lr", self.classifier_lr, "a number > 0")
         check(self.classifier_batch_size >= 1, f"{p}.classifier_batch_size",
               self.classifier_batch_size, "an integer >= 1")
+        check(self.curve_samples >= 2, f"{p}.curve_samples", self.curve_samples, "an integer >= 2")
+        one_of(f"{p}.sampler", self.sampler, SAMPLERS)
+        check(self.ddim_steps >= 1, f"{p}.ddim_steps", self.ddim_steps, "an integer >= 1")
         one_of(f"{p}.device", self.device, DEVICES)
 
 

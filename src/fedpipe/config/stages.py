@@ -11,7 +11,7 @@ from fedpipe.config.partition import PartitionConfig, partition_config
 
 # Top-level sections of params.yaml; later stages add theirs here.
 KNOWN_SECTIONS = ("seed", "dataset", "partition", "model", "fl", "study", "algorithms", "diffusion",
-                  "warmup", "generate", "fid")
+                  "warmup", "generate", "fid", "diffusion_fl")
 
 
 def check_sections(params: dict[str, Any]) -> None:

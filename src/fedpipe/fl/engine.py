@@ -136,7 +136,9 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
 
     With ``checkpoint_dir``, a checkpoint is written every ``fl.checkpoint_every`` rounds and after
     the last; a checkpoint with the same ``fingerprint`` found there is resumed from. ``stop_after``
-    stops after that many rounds in total (simulates an interruption; used by tests).
+    stops after that many rounds in total (simulates an interruption; used by tests). A strategy ends
+    training early by setting ``state.meta["stopped_at"]`` in a hook (FedDDPM+'s QuickTest): the
+    engine records that round, checkpoints it and stops.
     """
     n = len(clients)
     per_round = fl.clients_per_round(n)
@@ -153,7 +155,8 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         else:
             log.info("ignoring checkpoint with a different fingerprint (other params or data)")
     executor = EXECUTORS[fl.executor]()
-    bar = tqdm(range(start, fl.rounds), desc=f"{strategy.name}", unit="round",
+    end = start if state.meta.get("stopped_at") is not None else fl.rounds  # stopped early before
+    bar = tqdm(range(start, end), desc=f"{strategy.name}", unit="round",
                initial=start, total=fl.rounds, disable=not progress, leave=False,
                mininterval=1.0)
     rounds_done = start
@@ -185,10 +188,12 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
             on_round(record)
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items()
                          if k in ("train_loss", "test_accuracy")})
-        last = r + 1 == fl.rounds or (stop_after is not None and r + 1 >= stop_after)
+        stopped = state.meta.get("stopped_at") is not None  # the strategy ended training
+        interrupted = stop_after is not None and r + 1 >= stop_after
+        last = r + 1 == fl.rounds or stopped or interrupted
         if ckpt is not None and ((r + 1) % fl.checkpoint_every == 0 or last):
             save_checkpoint(ckpt, r + 1, state, client_states, history, fingerprint)
-        if stop_after is not None and r + 1 >= stop_after:
+        if stopped or interrupted:
             break
     bar.close()
     return RunResult(state, client_states, history, resumed_from=start, rounds_done=rounds_done)

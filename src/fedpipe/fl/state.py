@@ -51,16 +51,27 @@ def clone(w: Weights) -> Weights:
 
 
 @torch.no_grad()
-def load_weights(slots: Weights, weights: Weights) -> None:
-    """Copy ``weights`` into a model's own tensors ``slots`` (``model.state_dict(keep_vars=True)``).
+def load_weights(slots: Weights, weights: Weights) -> Weights:
+    """Give a model's tensors ``slots`` (``model.state_dict(keep_vars=True)``) new copies of ``weights``
+    as their data; returns the copies by name.
 
-    The same result as ``load_state_dict`` (strict: the key sets must match) with one fused
-    ``_foreach_copy_`` instead of a per-module traversal: this runs once per client per round.
+    The values of ``load_state_dict`` (strict: the key sets must match; cast to the model's dtype
+    and device), copied by one fused ``_foreach_copy_`` instead of a per-module traversal: this runs
+    once per client per round. The model then computes with, and trains in place in, the returned
+    tensors, so its trained weights need no copy out, and tensors returned by an earlier call are
+    never written again. A tensor the model holds under several names (tied weights) gets one copy
+    (of the last name's weights, as with successive copies).
     """
     if slots.keys() != weights.keys():
         missing = sorted(set(slots) ^ set(weights))
         raise KeyError(f"weights do not match the model: {missing[:5]}")
-    torch._foreach_copy_([t.data for t in slots.values()], [weights[k] for k in slots])
+    sources = {id(t): (t, weights[k]) for k, t in slots.items()}
+    copies = [torch.empty_like(t) for t, _ in sources.values()]
+    torch._foreach_copy_(copies, [w for _, w in sources.values()])
+    for (t, _), copy in zip(sources.values(), copies, strict=True):
+        t.data = copy
+    by_id = dict(zip(sources, copies, strict=True))
+    return {k: by_id[id(t)] for k, t in slots.items()}
 
 
 def is_float(t: torch.Tensor) -> bool:
@@ -94,7 +105,13 @@ def aggregation_coeffs(updates: Sequence[ClientUpdate], mode: str) -> list[float
 
 
 def all_finite(w: Weights) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in w.values() if is_float(v))
+    """Whether every float tensor of ``w`` is finite, with one host sync: a tensor's norm is finite
+    only if all its elements are (one fused ``_foreach_norm``). Only when a norm is not finite (a
+    non-finite element, or a norm too large for the dtype) are the elements checked one by one."""
+    floats = [v for v in w.values() if is_float(v)]
+    if not floats or bool(torch.isfinite(torch.stack(torch._foreach_norm(floats))).all()):
+        return True
+    return all(bool(torch.isfinite(v).all()) for v in floats)
 
 
 # -- named tensor groups (algorithms keep several in one flat dict) -----------------------

@@ -23,7 +23,7 @@ from torch import nn
 
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
+from fedpipe.fl.local import fix_parameters, local_train
 from fedpipe.fl.state import (
     ClientUpdate,
     Payload,
@@ -67,12 +67,26 @@ class Strategy:
 
     # -- helpers -------------------------------------------------------------------------------
     def scratch_model(self, weights: Weights) -> nn.Module:
-        """A model holding ``weights`` (a reused working instance; fully overwritten each call)."""
+        """A model holding copies of ``weights``: a reused working instance, given new tensors on each
+        call (see :func:`load_weights`), so tensors taken from it earlier never change."""
         if self._scratch is None:
             self._scratch = self.model_fn()
+            fix_parameters(self._scratch)
             self._slots = self._scratch.state_dict(keep_vars=True)
-        load_weights(self._slots, weights)
+            seen: set[int] = set()
+            self._tied = [k for k, t in self._slots.items() if id(t) in seen or seen.add(id(t))]
+        self._held = load_weights(self._slots, weights)
         return self._scratch
+
+    def scratch_weights(self) -> Weights:
+        """The scratch model's weights, as ``clone(model.state_dict())`` but without the copy: the
+        tensors the model trained in (after local training: the client's new weights), which the
+        next :meth:`scratch_model` call leaves as they are. A tensor held under several names (tied
+        weights) is copied for each further name."""
+        weights = dict(self._held)
+        for k in self._tied:
+            weights[k] = weights[k].clone()
+        return weights
 
     def global_model(self, state: ServerState) -> nn.Module:
         model = self.model_fn()
@@ -102,7 +116,7 @@ class Strategy:
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
         model = self.scratch_model(payload.weights)
         metrics = local_train(model, data, self.task, self.local, payload.round, gen)
-        update = ClientUpdate(client_id, len(data), clone(model.state_dict()), metrics=metrics)
+        update = ClientUpdate(client_id, len(data), self.scratch_weights(), metrics=metrics)
         return update, client_state, metrics
 
     def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:

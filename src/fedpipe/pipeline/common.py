@@ -91,8 +91,25 @@ def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:
                            mean=ds.meta.mean, std=ds.meta.std, **cfg.model.kwargs)
 
 
-def fingerprint(cfg: TrainConfig, partition_path: str | Path = PARTITION_PATH) -> str:
-    """Identifies a run: its params and its partition (a checkpoint resumes only on a match)."""
-    blob = json.dumps({"params": cfg.params_read, "partition": md5_file(partition_path)},
-                      sort_keys=True, default=str)
+def code_version() -> str:
+    """A hash of fedpipe's own source files. Part of every resume fingerprint: when DVC re-runs a
+    stage because the code changed, an old checkpoint must not stand in for the new result."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def fingerprint_of(params: dict, *files: str | Path) -> str:
+    """Identifies partial work: params, the contents of input files and the code version (a
+    checkpoint resumes only on a match)."""
+    blob = json.dumps({"params": params, "files": [md5_file(f) for f in files],
+                       "code": code_version()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def fingerprint(cfg: TrainConfig, partition_path: str | Path = PARTITION_PATH) -> str:
+    """Identifies a federate run: its params, its partition and the code version."""
+    return fingerprint_of(cfg.params_read, partition_path)

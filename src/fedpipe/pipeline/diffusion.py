@@ -3,8 +3,6 @@ paths of the stage outputs."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -51,9 +49,8 @@ def make_unet(cfg: DiffusionConfig, meta: DatasetMeta, seed: int, purpose: str, 
 
 
 def params_fingerprint(params: dict, *files: str | Path) -> str:
-    """A short hash of params and input-file contents: identifies resumable partial work."""
-    from fedpipe.io import md5_file
+    """A short hash of params, input-file contents and the code version: identifies resumable
+    partial work (see :func:`fedpipe.pipeline.common.fingerprint_of`)."""
+    from fedpipe.pipeline.common import fingerprint_of
 
-    blob = json.dumps({"params": params, "files": [md5_file(f) for f in files]}, sort_keys=True,
-                      default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return fingerprint_of(params, *files)

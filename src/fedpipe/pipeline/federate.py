@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from fedpipe.algorithms import ALGORITHMS
-from fedpipe.data import load_dataset
+from fedpipe.config import ConfigError
+from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, run_federated
 from fedpipe.io import md5_file, save_figure, save_tensors, write_csv, write_json
 from fedpipe.pipeline.common import (
@@ -20,7 +21,7 @@ from fedpipe.pipeline.common import (
     PARTITION_PATH,
     TrainConfig,
     clients_of,
-    fingerprint,
+    fingerprint_of,
     load_partition,
     make_model,
 )
@@ -68,8 +69,10 @@ def plot_history(history: list[dict[str, float]], title: str):
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
              partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
              on_round: Callable[[dict[str, float]], None] | None = None,
-             progress: bool = True) -> FederateOutputs:
-    """Run the federate stage for ``cfg.algorithm``; resumes from ``<out>/checkpoint`` if present."""
+             progress: bool = True, aux_path: str | Path | None = None) -> FederateOutputs:
+    """Run the federate stage for ``cfg.algorithm``; resumes from ``<out>/checkpoint`` if present.
+    With ``aux_path`` (the ``federate_aux`` stage), the strategy's server step gets the labelled
+    auxiliary set."""
     out = Path(out_root) / cfg.algorithm
     part = load_partition(partition_path)
     ds = load_dataset(cfg.dataset)
@@ -86,9 +89,21 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         res = task.evaluate(m, test_x, test_y)
         return {"loss": res["loss"], "accuracy": res["accuracy"]}
 
+    ctx, inputs = None, {str(partition_path): md5_file(partition_path)}
+    if aux_path is not None:  # FedDDPM on a classifier: calibration on the labelled auxiliary set
+        from fedpipe.pipeline.generate import load_aux  # (imports diffusers: only when needed)
+
+        aux = load_aux(aux_path)
+        if not aux.labelled:
+            raise ConfigError("diffusion.conditional", False,
+                              f"true: {cfg.algorithm} calibrates a classifier on the auxiliary set, "
+                              "which must be labelled (class-conditional warm-up)")
+        ctx = {"aux": ClientData(aux.images, aux.labels), "seed": cfg.seed, "rounds": cfg.fl.rounds}
+        inputs[str(aux_path)] = md5_file(aux_path)
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=out / "checkpoint", fingerprint=fingerprint(cfg, partition_path),
-                           stop_after=stop_after, on_round=on_round, progress=progress)
+                           checkpoint_dir=out / "checkpoint",
+                           fingerprint=fingerprint_of(cfg.params_read, *inputs),
+                           stop_after=stop_after, ctx=ctx, on_round=on_round, progress=progress)
     save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
                  {"fedpipe.model": json.dumps({"algorithm": cfg.algorithm, "model": cfg.model.name,
                                                "rounds": result.rounds_done}, sort_keys=True)})
@@ -104,7 +119,7 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     save_figure(out / "curves.png", plot_history(result.history, f"{cfg.algorithm} on {cfg.dataset.name}"))
     log.info("%s: %d rounds, test accuracy %.4f", cfg.algorithm, result.rounds_done,
              final["test_accuracy"])
-    return FederateOutputs(result, out, final, {str(partition_path): md5_file(partition_path)},
+    return FederateOutputs(result, out, final, inputs,
                            {str(out / "model.safetensors"): md5_file(out / "model.safetensors")})
 
 

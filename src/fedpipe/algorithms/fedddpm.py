@@ -1,0 +1,315 @@
+"""FedDDPM and FedDDPM+ (Peng, Wang, Chen, Rao, Shen, "Federated Learning for Diffusion Models",
+arXiv 2503.06426; spec 001): FedAvg plus server training on an auxiliary set A that the server sampled,
+before federated training, from the clients' warm-up models (stages ``warmup`` and ``generate``).
+
+FedDDPM (Algorithm 1). Round t, clients Z_t (n of them), client models w_{t+1}^i::
+
+    w^_{t+1}      = w_t + sum_{i in Z_t} (1/n) (w_{t+1}^i - w_t)              # eq. 9: FedAvg
+    w^_{t+1,0}    = w^_{t+1}
+    w^_{t+1,e+1}  = w^_{t+1,e} - eta grad~f_A(w^_{t+1,e}),  e = 0..E-1       # server calibration on A
+    w_{t+1}       = w^_{t+1,E}
+
+FedDDPM+ (Algorithm 2) has no per-round server step. Every 10 rounds QuickTest (Algorithm 3) scores
+the global model with an FID of 500 generated samples::
+
+    QuickTest(w):   Score = FID(Sampling(w, TestSize))
+                    if AvgScore != None and |AvgScore - Score| <= Threshold: return True
+                    AvgScore = Score                                   if AvgScore == None
+                             = gamma Score + (1 - gamma) AvgScore      otherwise
+                    return False
+
+When it returns True the server runs one correction of E epochs on A (Alg. 2 lines 7-9, with the
+client lr zeta) and training stops.
+
+The calibration and the correction are :func:`fedpipe.fl.local.local_train` on A with the task's own
+loss (the DDPM epsilon-MSE for a :class:`~fedpipe.tasks.DiffusionTask`): both algorithms are task-
+agnostic. Aggregation (eq. 9) is the base :class:`~fedpipe.fl.Strategy`'s, i.e. ``fl.aggregation``:
+the paper's unweighted 1/n mean is ``aggregation: uniform``, which the pipeline sets.
+
+``ctx`` (the mapping the pipeline passes to ``run_federated(..., ctx=ctx)``, which hands it to
+``server_update``):
+
+- ``"aux"``: a :class:`~fedpipe.data.ClientData` holding A (images; labels, -1 for an unconditional
+  set). A task that needs labels (a classifier, a class-conditional DDPM) refuses an unlabelled A;
+- ``"seed"``: the run's seed. The server's randomness (batch order, the loss's noise) comes from
+  ``torch_generator(seed, "server-update", round)``, QuickTest's sampling noise from
+  ``torch_generator(seed, "quicktest", round)``, never from the global RNG;
+- ``"rounds"`` (FedDDPM+): the total number of rounds ``fl.rounds`` (for the no-trigger correction);
+- ``"quick_fid"`` (FedDDPM+): ``quick_fid(model, n, generator) -> float``, the FID of ``n`` samples
+  drawn from ``model`` (a fresh model holding the global weights) with ``generator``.
+
+A missing key is a ValueError naming it. ``state.meta`` (JSON, checkpointed with the run):
+
+- ``"server_steps"``: cumulative server optimizer steps (both algorithms; the paper's cost
+  comparison, spec §8.11); ``"server_loss"``: the mean loss of the last server training;
+- FedDDPM+: ``"quicktest"``, the trace, one ``{"round", "score", "ema_before", "fired"}`` per test
+  (``round`` 1-based); ``"quicktest_ema"``, AvgScore after the last test (None before the first), from
+  which a resumed run continues identically; ``"stopped_at"``, the 1-based round after which training
+  stops (set when QuickTest fires; the engine then checkpoints that round and ends the run);
+  ``"corrected_at"``, the 1-based round after which the correction ran.
+
+Choices where the paper is ambiguous (spec §8):
+
+- Optimizer (§8.1): the algorithms write SGD, but zeta = 2e-4 and eta = 5e-5 are Adam learning rates
+  (Ho et al.'s DDPM lr is Adam 2e-4; plain SGD at 5e-5 would barely move a DDPM), so the server
+  optimizer is a config value, Adam by default, with a fresh state for every server training; no
+  momentum or weight decay. The lr is constant. Gradient clipping follows ``fl.local.grad_clip``
+  (the server trains the same model with the same loss as the clients).
+- E counts epochs over A with batch ``server_batch_size`` (§8.2: the experiments' meaning; the
+  algorithm text counts single-sample steps). B = 128 is the paper's MNIST batch; CIFAR uses 64.
+- FedDDPM+'s correction uses zeta (``correction_lr`` = 2e-4, the client lr) as Algorithm 2 prints,
+  not FedDDPM's eta (§8.3).
+- QuickTest period: the paper tests when ``t mod 10 == 0`` with 0-based t, i.e. literally after the
+  1-based rounds 1, 11, 21, ... Its reported stop rounds (160, 150, ..., 330) are all multiples of 10,
+  so this module tests after the 1-based rounds 10, 20, 30, ... (0-based r with
+  ``(r + 1) % test_every == 0``): "every 10 rounds" of training, the first test after 10 rounds, and
+  ``stopped_at`` is then a multiple of ``test_every`` like the paper's numbers. The first test only
+  initialises the EMA, so the earliest stop is after round 2 * test_every.
+- If QuickTest never fires (§8.10, unspecified): with ``correct_if_no_trigger`` (default) the
+  correction runs after the last round (``ctx["rounds"]``), so FedDDPM+ always ends with one
+  correction; ``stopped_at`` stays None (QuickTest did not stop training), ``corrected_at`` is set.
+  When the last round is a test round, QuickTest runs first; a correction never runs twice.
+- Once stopped or corrected, ``server_update`` does nothing (an engine that kept training would
+  never get a second correction).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from fedpipe.config.core import check, one_of
+from fedpipe.config.fl import OPTIMIZERS, LocalTrainConfig
+from fedpipe.data import ClientData
+from fedpipe.fl.engine import DivergenceError
+from fedpipe.fl.local import local_train
+from fedpipe.fl.state import ServerState, Weights, clone
+from fedpipe.fl.strategy import Strategy
+from fedpipe.rng import torch_generator
+
+log = logging.getLogger(__name__)
+
+QuickFID = Callable[[nn.Module, int, torch.Generator], float]
+
+CTX_KEYS = {
+    "aux": "the auxiliary set A as fedpipe.data.ClientData",
+    "seed": "the run's seed (int)",
+    "rounds": "the total number of rounds, fl.rounds (int)",
+    "quick_fid": "quick_fid(model, n, generator) -> float, the FID of n samples of model",
+}
+
+
+# -- configs -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FedDDPMConfig:
+    server_epochs: int = 1
+    """E, the server's epochs over A per round (Alg. 1 lines 9-10): 1 for MNIST (paper), 5 for CIFAR."""
+    server_lr: float = 5e-5
+    """eta, the server lr in w^_{t+1,e+1} = w^_{t+1,e} - eta grad~f_A (Alg. 1 line 10; paper 5e-5)."""
+    server_optimizer: str = "adam"
+    """The paper writes SGD, but its lrs are Adam's (spec §8.1): Adam by default (fresh state each
+    round), ``sgd`` for the literal reading."""
+    server_batch_size: int = 128
+    """B of the server's minibatches of A: the paper's MNIST batch (inferred: the paper gives B for
+    clients only; CIFAR uses 64)."""
+
+    def validate(self, p: str) -> None:
+        check(self.server_epochs >= 1, f"{p}.server_epochs", self.server_epochs, "an integer >= 1")
+        check(self.server_lr > 0, f"{p}.server_lr", self.server_lr, "a number > 0")
+        one_of(f"{p}.server_optimizer", self.server_optimizer, OPTIMIZERS)
+        check(self.server_batch_size >= 1, f"{p}.server_batch_size", self.server_batch_size,
+              "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class FedDDPMPlusConfig:
+    test_every: int = 10
+    """QuickTest period in rounds (Alg. 2 line 10, ``t mod 10 == 0``): after rounds 10, 20, ... (1-based;
+    see the module docstring)."""
+    test_size: int = 500
+    """TestSize, the samples behind each QuickTest FID (Alg. 3 line 1; paper 500)."""
+    gamma: float = 0.4
+    """gamma, the EMA weight in AvgScore = gamma Score + (1 - gamma) AvgScore (Alg. 3 line 11; paper 0.4)."""
+    threshold: float = 0.2
+    """Threshold: QuickTest fires when |AvgScore - Score| <= Threshold (Alg. 3 line 3; paper 0.2, in
+    FID units)."""
+    correction_epochs: int = 20
+    """E of the one-shot correction on A (Alg. 2 lines 8-9): 20 for MNIST (paper), 30 for CIFAR."""
+    correction_lr: float = 2e-4
+    """The correction's lr: Algorithm 2 writes zeta, the client lr (2e-4), not FedDDPM's eta (spec §8.3)."""
+    server_optimizer: str = "adam"
+    """As FedDDPM's (the paper writes SGD; its lrs are Adam's, spec §8.1)."""
+    server_batch_size: int = 128
+    """B of the correction's minibatches of A (inferred: the paper's MNIST client batch)."""
+    correct_if_no_trigger: bool = True
+    """Run the correction after the last round when QuickTest never fired (inferred; the paper does
+    not say what happens then, spec §8.10)."""
+
+    def validate(self, p: str) -> None:
+        check(self.test_every >= 1, f"{p}.test_every", self.test_every, "an integer >= 1")
+        check(self.test_size >= 2, f"{p}.test_size", self.test_size, "an integer >= 2 (an FID needs 2)")
+        check(0 < self.gamma <= 1, f"{p}.gamma", self.gamma, "a number in (0, 1]")
+        check(self.threshold >= 0, f"{p}.threshold", self.threshold, "a number >= 0")
+        check(self.correction_epochs >= 1, f"{p}.correction_epochs", self.correction_epochs,
+              "an integer >= 1")
+        check(self.correction_lr > 0, f"{p}.correction_lr", self.correction_lr, "a number > 0")
+        one_of(f"{p}.server_optimizer", self.server_optimizer, OPTIMIZERS)
+        check(self.server_batch_size >= 1, f"{p}.server_batch_size", self.server_batch_size,
+              "an integer >= 1")
+
+
+# -- QuickTest (Algorithm 3) ---------------------------------------------------------------------------
+class QuickTestEntry(NamedTuple):
+    score: float
+    ema_before: float | None
+    fired: bool
+
+
+class QuickTest:
+    """Algorithm 3 on given scores: fires when |AvgScore - Score| <= threshold, AvgScore being the EMA
+    *before* Score is added (the first call only initialises it; a firing call leaves it unchanged).
+
+    ``ema`` is AvgScore (None before the first score): pass a saved value to continue a run. ``trace``
+    lists this instance's calls as (score, ema_before, fired).
+    """
+
+    def __init__(self, gamma: float = 0.4, threshold: float = 0.2, ema: float | None = None):
+        self.gamma, self.threshold = float(gamma), float(threshold)
+        self.ema = None if ema is None else float(ema)
+        self.trace: list[QuickTestEntry] = []
+
+    def __call__(self, score: float) -> bool:
+        score = float(score)
+        if not math.isfinite(score):
+            raise ValueError(f"QuickTest: the score must be finite, got {score}")
+        before = self.ema
+        fired = before is not None and abs(before - score) <= self.threshold  # line 3
+        if not fired:
+            self.ema = score if before is None else self.gamma * score + (1 - self.gamma) * before
+        self.trace.append(QuickTestEntry(score, before, fired))
+        return fired
+
+
+# -- the server step on A -----------------------------------------------------------------------------
+def require_ctx(ctx: Any, keys: tuple[str, ...], who: str) -> Mapping[str, Any]:
+    """``ctx`` as a mapping with ``keys``; otherwise a ValueError naming the first missing key."""
+    if not isinstance(ctx, Mapping):
+        raise ValueError(f"{who} needs ctx, a mapping with keys {', '.join(keys)} "
+                         f"(run_federated(..., ctx=...)); got {type(ctx).__name__}")
+    for key in keys:
+        if key not in ctx:
+            raise ValueError(f"{who} needs ctx[{key!r}]: {CTX_KEYS[key]}")
+    return ctx
+
+
+def check_aux(task: Any, aux: Any, who: str) -> ClientData:
+    """A must be a non-empty ClientData, labelled when the task trains on labels."""
+    if not isinstance(aux, ClientData):
+        raise ValueError(f"{who}: ctx['aux'] must be a fedpipe.data.ClientData, got {type(aux).__name__}")
+    if len(aux) == 0:
+        raise ValueError(f"{who}: the auxiliary set ctx['aux'] is empty")
+    uses_labels = getattr(task, "name", "") == "classification" or bool(getattr(task, "conditional", False))
+    if uses_labels and bool((aux.y < 0).any()):
+        raise ValueError(f"{who}: the auxiliary set is unlabelled (labels -1) but the task "
+                         f"{getattr(task, 'name', type(task).__name__)!r} trains on labels; generate a "
+                         f"labelled set (a class-conditional DDPM) or use an unconditional diffusion task")
+    return aux
+
+
+def server_train(strategy: Strategy, weights: Weights, aux: ClientData, epochs: int, lr: float,
+                 optimizer: str, batch_size: int, seed: int, round_: int
+                 ) -> tuple[Weights, dict[str, float]]:
+    """``epochs`` epochs of the task loss on A from ``weights`` (Alg. 1 lines 8-11, Alg. 2 lines 7-9):
+    ``local_train`` with the ``(seed, "server-update", round_)`` generator. Returns fresh weights
+    (never tensors of ``weights``) and local_train's metrics; a non-finite loss is a DivergenceError."""
+    cfg = LocalTrainConfig(epochs=epochs, batch_size=batch_size, optimizer=optimizer, lr=lr,
+                           grad_clip=strategy.local.grad_clip)
+    model = strategy.scratch_model(weights)  # copies of the weights: the input is not trained
+    metrics = local_train(model, aux, strategy.task, cfg, round_,
+                          torch_generator(seed, "server-update", round_))
+    if not math.isfinite(metrics["loss"]):
+        raise DivergenceError(f"diverged: round {round_ + 1}, {strategy.name} server training on the "
+                              f"auxiliary set: non-finite loss ({metrics['loss']}); lower its lr")
+    return strategy.scratch_weights(), metrics
+
+
+def with_server_steps(meta: dict[str, Any], metrics: dict[str, float]) -> dict[str, Any]:
+    """A new meta dict with the server's step count and loss added."""
+    return {**meta, "server_steps": int(meta.get("server_steps", 0)) + int(metrics["steps"]),
+            "server_loss": float(metrics["loss"])}
+
+
+# -- the strategies ------------------------------------------------------------------------------------
+class FedDDPM(Strategy):
+    """Algorithm 1: FedAvg, then E epochs on A at lr eta after every aggregation."""
+
+    name = "fedddpm"
+    config_class = FedDDPMConfig
+
+    def init_server(self, model: nn.Module) -> ServerState:
+        return ServerState(weights=clone(model.state_dict()), meta={"server_steps": 0})
+
+    def server_update(self, state: ServerState, round_: int, ctx: Any = None) -> ServerState:
+        ctx = require_ctx(ctx, ("aux", "seed"), self.name)
+        aux = check_aux(self.task, ctx["aux"], self.name)
+        c = self.cfg
+        weights, metrics = server_train(self, state.weights, aux, c.server_epochs, c.server_lr,
+                                        c.server_optimizer, c.server_batch_size, int(ctx["seed"]), round_)
+        return ServerState(weights, state.extra, with_server_steps(state.meta, metrics))
+
+
+class FedDDPMPlus(Strategy):
+    """Algorithms 2 and 3: FedAvg; QuickTest every ``test_every`` rounds; when it fires, one correction
+    of ``correction_epochs`` epochs on A and the run stops (``meta["stopped_at"]``)."""
+
+    name = "fedddpm_plus"
+    config_class = FedDDPMPlusConfig
+
+    def init_server(self, model: nn.Module) -> ServerState:
+        return ServerState(weights=clone(model.state_dict()),
+                           meta={"server_steps": 0, "quicktest": [], "quicktest_ema": None,
+                                 "stopped_at": None, "corrected_at": None})
+
+    def is_test_round(self, round_: int) -> bool:
+        """Whether QuickTest runs after 0-based round ``round_``: after the 1-based rounds test_every,
+        2 test_every, ..."""
+        return (round_ + 1) % self.cfg.test_every == 0
+
+    def server_update(self, state: ServerState, round_: int, ctx: Any = None) -> ServerState:
+        ctx = require_ctx(ctx, ("aux", "seed", "rounds", "quick_fid"), self.name)
+        aux = check_aux(self.task, ctx["aux"], self.name)
+        meta = state.meta
+        if meta.get("stopped_at") is not None or meta.get("corrected_at") is not None:
+            return state  # training is over: never a second correction
+        seed, c = int(ctx["seed"]), self.cfg
+        fired = False
+        if self.is_test_round(round_):  # Alg. 2 line 10: QuickTest(w_{t+1})
+            quick = QuickTest(c.gamma, c.threshold, meta.get("quicktest_ema"))
+            score = ctx["quick_fid"](self.global_model(state), c.test_size,
+                                     torch_generator(seed, "quicktest", round_))
+            fired = quick(score)
+            entry = quick.trace[-1]
+            trace = [*meta.get("quicktest", []), {"round": round_ + 1, "score": entry.score,
+                                                   "ema_before": entry.ema_before, "fired": fired}]
+            meta = {**meta, "quicktest": trace, "quicktest_ema": quick.ema}
+            log.info("QuickTest after round %d: FID %.4f, EMA before %s: %s", round_ + 1, entry.score,
+                     "none" if entry.ema_before is None else f"{entry.ema_before:.4f}",
+                     "fired" if fired else "continue")
+        last = round_ + 1 >= int(ctx["rounds"])
+        if not (fired or (last and c.correct_if_no_trigger)):
+            return ServerState(state.weights, state.extra, meta) if meta is not state.meta else state
+        # Alg. 2 lines 7-10: one correction on A at lr zeta, then stop
+        log.info("%s: correction on the auxiliary set after round %d (%d epochs, %s)", self.name,
+                 round_ + 1, c.correction_epochs, "QuickTest fired" if fired else "last round")
+        weights, metrics = server_train(self, state.weights, aux, c.correction_epochs, c.correction_lr,
+                                        c.server_optimizer, c.server_batch_size, seed, round_)
+        meta = {**with_server_steps(meta, metrics), "corrected_at": round_ + 1}
+        if fired:
+            meta["stopped_at"] = round_ + 1
+        return ServerState(weights, state.extra, meta)

@@ -1,0 +1,211 @@
+"""The federate_ddpm stage: federated training of the DDPM noise predictor with one algorithm of
+``study.diffusion_algorithms`` (FedAvg, FedProx, SCAFFOLD, MoFedSAM unchanged: the engine and the
+algorithms are task-agnostic; FedDDPM and FedDDPM+ add the server calibration on the auxiliary set).
+
+Round loop and local training come from the ``diffusion_fl`` section (same schema as ``fl``; the
+paper's aggregation is the unweighted mean of eq. 9, ``aggregation: uniform``). Every
+``diffusion_fl.eval_every`` rounds the global model is scored: the epsilon-MSE on the real test set and
+an FID on ``fid.curve_samples`` generated images (the FID-per-round curve; the same sampling noise at
+every point, so the curve shows the model's change, not the sampler's). At the end: the FID on
+``fid.num_samples`` images, a sample grid, and for FedDDPM(+) the server cost.
+
+``ctx`` passed to the strategy's ``server_update``: ``aux`` (the auxiliary set as client data),
+``seed``, ``rounds``, ``quick_fid(model, n, generator)`` (FedDDPM+'s QuickTest).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.config import ConfigError, dataset_config
+from fedpipe.config.core import build
+from fedpipe.config.diffusion import DiffusionConfig, FIDConfig, diffusion_config, fid_config
+from fedpipe.config.fl import FLConfig, StudyConfig, fl_config
+from fedpipe.config.stages import check_sections, read_seed
+from fedpipe.data import ClientData, load_dataset
+from fedpipe.fl import run_federated
+from fedpipe.io import md5_file, save_figure, save_tensors, write_csv, write_json
+from fedpipe.pipeline.common import PARTITION_PATH, clients_of, load_partition
+from fedpipe.pipeline.diffusion import (
+    AUX_FILE,
+    FID_DIR,
+    make_task,
+    make_unet,
+    params_fingerprint,
+    resolve_device,
+)
+from fedpipe.pipeline.feature_extractor import FIDTools, load_fid_tools
+from fedpipe.pipeline.federate import history_columns
+from fedpipe.pipeline.generate import load_aux, plot_grid, requested_labels
+from fedpipe.rng import torch_generator
+from fedpipe.tasks.diffusion import DiffusionTask
+
+log = logging.getLogger(__name__)
+
+FEDERATE_DDPM_DIR = Path("data/federate_ddpm")
+USES_AUX = ("fedddpm", "fedddpm_plus")
+
+
+@dataclass(frozen=True)
+class DDPMTrainConfig:
+    seed: int
+    dataset: Any
+    diffusion: DiffusionConfig
+    fl: FLConfig
+    fid: FIDConfig
+    study: StudyConfig
+    algorithm: str
+    algo_cfg: Any
+    params_read: dict
+
+
+def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> DDPMTrainConfig:
+    """Validate every section the federate_ddpm stage of ``algorithm`` reads (before loading data).
+
+    ``run_seed`` (one of ``study.seeds``) seeds the federated run (model init, sampling, local
+    training, FID samples); the partition, warm-up and auxiliary set come from the root ``seed``.
+    """
+    check_sections(params)
+    read_seed(params)
+    if isinstance(run_seed, str):
+        if not run_seed.isdigit():
+            raise ConfigError("seed argument", run_seed, "an integer >= 0 (one of study.seeds)")
+        run_seed = int(run_seed)
+    seed = run_seed
+    ds = dataset_config(params.get("dataset"))
+    diff = diffusion_config(params.get("diffusion"))
+    fl = fl_config(params.get("diffusion_fl"), "diffusion_fl")
+    fid = fid_config(params.get("fid"))
+    study = build(StudyConfig, params.get("study"), "study")
+    for name in study.diffusion_algorithms:
+        if name not in ALGORITHMS:
+            raise ConfigError("study.diffusion_algorithms", name, "one of " + ", ".join(sorted(ALGORITHMS)))
+    algos = params.get("algorithms") or {}
+    algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
+    read = {"seed": params.get("seed", 0), "run_seed": seed, "dataset": params.get("dataset"),
+            "diffusion": params.get("diffusion"),
+            "diffusion_fl": params.get("diffusion_fl"), "fid": params.get("fid"),
+            f"algorithms.{algorithm}": algos.get(algorithm) or {}}
+    return DDPMTrainConfig(seed, ds, diff, fl, fid, study, algorithm, algo_cfg, read)
+
+
+def run_dir(root: str | Path, algorithm: str, seed: int) -> Path:
+    return Path(root) / algorithm / f"seed_{seed}"
+
+
+def sample_images(task: DiffusionTask, model: torch.nn.Module, n: int, cfg: DDPMTrainConfig,
+                  class_counts: np.ndarray, gen: torch.Generator) -> torch.Tensor:
+    """``n`` images from ``model`` with ``fid.sampler`` (labels in proportion to the training set's
+    class counts when the model is class-conditional)."""
+    labels = requested_labels(n, class_counts) if cfg.diffusion.conditional else None
+    steps = cfg.diffusion.num_train_timesteps if cfg.fid.sampler == "ddpm" else cfg.fid.ddim_steps
+    return task.sample(model, n, labels=labels, sampler=cfg.fid.sampler, steps=steps, generator=gen,
+                       batch_size=cfg.fid.batch_size)
+
+
+def fid_of(task: DiffusionTask, tools: FIDTools, cfg: DDPMTrainConfig, class_counts: np.ndarray
+           ) -> Callable[[torch.nn.Module, int, torch.Generator], float]:
+    def score(model: torch.nn.Module, n: int, gen: torch.Generator) -> float:
+        x = sample_images(task, model, n, cfg, class_counts, gen)
+        return tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
+    return score
+
+
+def plot_fid_curve(history: list[dict[str, float]], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    r = [h["round"] for h in history]
+    axes[0].plot(r, [h["train_loss"] for h in history], label="clients (train)")
+    ev = [h for h in history if "test_fid" in h]
+    axes[0].plot([h["round"] for h in ev], [h["test_loss"] for h in ev], marker=".", label="test")
+    axes[0].set_xlabel("round")
+    axes[0].set_ylabel("epsilon-MSE")
+    axes[0].legend()
+    axes[1].plot([h["round"] for h in ev], [h["test_fid"] for h in ev], marker=".")
+    axes[1].set_xlabel("round")
+    axes[1].set_ylabel("FID")
+    fig.suptitle(title)
+    return fig
+
+
+def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR,
+                  partition_path: str | Path = PARTITION_PATH, aux_path: str | Path = AUX_FILE,
+                  fid_dir: str | Path = FID_DIR, stop_after: int | None = None,
+                  on_round: Callable[[dict[str, float]], None] | None = None,
+                  progress: bool = True) -> dict:
+    """Run the federate_ddpm stage for ``cfg.algorithm``; resumes from ``<out>/checkpoint``."""
+    out = run_dir(out_root, cfg.algorithm, cfg.seed)
+    part = load_partition(partition_path)
+    ds = load_dataset(cfg.dataset)
+    clients = clients_of(ds, part)
+    device = resolve_device(cfg.diffusion.device)
+    task = make_task(cfg.diffusion)
+    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir)
+    class_counts = np.bincount(ds.train.y.numpy(), minlength=ds.meta.num_classes)
+
+    def model_fn() -> torch.nn.Module:
+        return make_unet(cfg.diffusion, ds.meta, cfg.seed, "ddpm-global-init").to(device)
+
+    strategy = ALGORITHMS[cfg.algorithm](task, model_fn, cfg.fl.local, cfg.algo_cfg,
+                                         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
+    score = fid_of(task, tools, cfg, class_counts)
+    ctx: dict[str, Any] = {"seed": cfg.seed, "rounds": cfg.fl.rounds, "quick_fid": score}
+    inputs = {str(partition_path): md5_file(partition_path)}
+    if cfg.algorithm in USES_AUX:
+        aux = load_aux(aux_path)
+        ctx["aux"] = ClientData(aux.images, aux.labels)
+        inputs[str(aux_path)] = md5_file(aux_path)
+
+    def evaluate(state) -> dict[str, float]:
+        model = strategy.global_model(state).to(device)
+        res = task.evaluate(model, ds.test.x, ds.test.y)
+        fid = score(model, cfg.fid.curve_samples, torch_generator(cfg.seed, "fid-curve"))
+        return {"loss": res["loss"], "fid": fid}
+
+    fp = params_fingerprint(cfg.params_read, *inputs)  # a checkpoint resumes only on a match
+    t0 = time.perf_counter()
+    result = run_federated(strategy, model_fn(), clients, cfg.fl, cfg.seed, evaluate=evaluate,
+                           checkpoint_dir=out / "checkpoint", fingerprint=fp, stop_after=stop_after,
+                           ctx=ctx, on_round=on_round, progress=progress)
+    seconds = time.perf_counter() - t0
+    model = strategy.global_model(result.state).to(device)
+    x = sample_images(task, model, cfg.fid.num_samples, cfg, class_counts,
+                      torch_generator(cfg.seed, "fid-final"))
+    final_fid = tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
+    save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
+                 {"fedpipe.model": json.dumps({"algorithm": cfg.algorithm, "unet": cfg.diffusion.unet,
+                                               "rounds": result.rounds_done}, sort_keys=True)})
+    cols = history_columns(result.history)
+    write_csv(out / "history.csv", cols, [[h.get(c, "") for c in cols] for h in result.history])
+    meta = result.state.meta
+    write_json(out / "quicktest.json", {"trace": meta.get("quicktest", []),
+                                        "stopped_at": meta.get("stopped_at")})
+    final = {"fid": final_fid, "fid_samples": cfg.fid.num_samples, "extractor": tools.fid.name,
+             "sampler": cfg.fid.sampler, "rounds": result.rounds_done,
+             "stopped_at": meta.get("stopped_at") or result.rounds_done,
+             "server_steps": meta.get("server_steps", 0),
+             "final_train_loss": result.history[-1]["train_loss"],
+             "test_loss": [h for h in result.history if "test_loss" in h][-1]["test_loss"],
+             "train_seconds_now": seconds, "resumed_from": result.resumed_from}
+    write_json(out / "metrics.json", final)
+    title = f"{cfg.algorithm} DDPM on {cfg.dataset.name}"
+    save_figure(out / "curves.png", plot_fid_curve(result.history, title))
+    save_figure(out / "samples.png", plot_grid(x, f"{title}: FID {final_fid:.3f} ({len(x)} samples)"))
+    log.info("%s: %d rounds, FID %.4f on %d samples (%s)", cfg.algorithm, result.rounds_done,
+             final_fid, len(x), tools.fid.name)
+    return {"final": final, "out_dir": out, "inputs": inputs,
+            "outputs": {str(out / "model.safetensors"): md5_file(out / "model.safetensors")}}

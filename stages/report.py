@@ -1,0 +1,32 @@
+"""DVC stage `report`: one markdown report for the study (diffusion-track FID with mean +- std over
+seeds and the paper's numbers beside ours; classification-track accuracy) and the FID curves.
+
+Reads params: seed, dataset, partition, study; data/federate_ddpm/ and data/evaluate/metrics.json.
+Writes data/report/ (report.md, fid_curves.png, metrics.json).
+"""
+
+from fedpipe.cli import run_stage
+from fedpipe.config import load_params, partition_stage_config
+from fedpipe.config.core import build
+from fedpipe.config.fl import StudyConfig
+from fedpipe.pipeline.report import build_report
+from fedpipe.tracking import stage_run
+
+
+def main() -> None:
+    params = load_params()
+    part = partition_stage_config(params)  # validates before reading anything
+    study = build(StudyConfig, params.get("study"), "study")
+    title = f"{part.dataset.name}, {part.partition.scheme}, {part.partition.num_clients} clients"
+    read = {k: params.get(k) for k in ("seed", "dataset", "partition", "study")}
+    with stage_run("report", read, part.seed) as run:
+        out = build_report(study, title)
+        for algo, s in out.summary.items():
+            run.log_metrics({f"{algo}.{k}": v for k, v in s.items()})
+        for p in out.plots:
+            run.log_artifact(p, "report")
+    print(out.text)
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,44 @@
+"""Early stopping by a strategy (FedDDPM+'s QuickTest): the engine ends the run after the round in
+which ``state.meta["stopped_at"]`` is set, checkpoints it, and a resumed run does not train further."""
+
+import torch
+from torch import nn
+
+from fedpipe.config.fl import FLConfig, LocalTrainConfig
+from fedpipe.data import ClientData
+from fedpipe.fl import ServerState, Strategy, run_federated
+from fedpipe.tasks import ClassificationTask
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)  # test-local model factory; the engine never seeds the global RNG
+    return nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+
+
+class StopAtThree(Strategy):
+    def server_update(self, state: ServerState, round_: int, ctx=None) -> ServerState:
+        if round_ + 1 == 3:
+            return ServerState(state.weights, state.extra, {**state.meta, "stopped_at": round_ + 1})
+        return state
+
+
+def data(n: int = 12) -> ClientData:
+    g = torch.Generator().manual_seed(1)
+    return ClientData(torch.randn(n, 1, 2, 2, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+def test_strategy_stops_training_and_resume_does_not_continue(tmp_path):
+    local = LocalTrainConfig(epochs=1, batch_size=4, lr=0.1)
+    fl = FLConfig(rounds=10, participation=1.0, local=local, checkpoint_every=100)
+    clients = [data(), data(8)]
+    strategy = StopAtThree(ClassificationTask(), tiny_model, local, num_clients=2)
+    res = run_federated(strategy, tiny_model(), clients, fl, seed=0, checkpoint_dir=tmp_path,
+                        progress=False)
+    assert res.rounds_done == 3 and [h["round"] for h in res.history] == [1.0, 2.0, 3.0]
+    assert res.state.meta["stopped_at"] == 3
+    assert (tmp_path / "checkpoint.safetensors").is_file()  # the stop round is checkpointed
+    again = run_federated(StopAtThree(ClassificationTask(), tiny_model, local, num_clients=2),
+                          tiny_model(), clients, fl, seed=0, checkpoint_dir=tmp_path, progress=False)
+    assert again.resumed_from == 3 and again.rounds_done == 3 and len(again.history) == 3
+    for k, v in res.state.weights.items():
+        assert torch.equal(again.state.weights[k], v)
