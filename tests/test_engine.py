@@ -151,3 +151,78 @@ def test_steps_mode_runs_exact_number_of_steps(digits):
     cfg = LocalTrainConfig(steps=7, batch_size=16, lr=0.01)
     out = local_train(tiny_model(), data, ClassificationTask(), cfg, 0, torch_generator(0, "t"))
     assert out["steps"] == 7.0 and np.isfinite(out["loss"])
+
+
+def test_step_hook_runs_once_after_each_step(digits):
+    from fedpipe.fl.local import local_train
+
+    data = ClientData(digits.train.x[:50], digits.train.y[:50])
+    cfg = LocalTrainConfig(epochs=2, batch_size=16, lr=0.1)
+    model = tiny_model()
+    seen: list[torch.Tensor] = []  # the first weight matrix as each call sees it
+    out = local_train(model, data, ClassificationTask(), cfg, 0, torch_generator(0, "t"),
+                      step_hook=lambda m: seen.append(m[1].weight.detach().clone()))
+    assert len(seen) == out["steps"] == 8  # 2 epochs x ceil(50 / 16)
+    assert not torch.equal(seen[0], tiny_model()[1].weight)  # after the first step...
+    assert torch.equal(seen[-1], model[1].weight)  # ...and after the last
+
+
+@pytest.mark.parametrize("opt", [{"momentum": 0.9, "weight_decay": 1e-3}, {"optimizer": "adam"}])
+def test_reused_optimizer_starts_from_a_fresh_state(digits, opt):
+    """The optimizer reused for a model (its momentum / Adam state cleared) gives bit for bit the
+    result of a new one."""
+    from fedpipe.fl.local import local_train
+
+    first = ClientData(digits.train.x[:40], digits.train.y[:40])
+    second = ClientData(digits.train.x[40:90], digits.train.y[40:90])
+    cfg = LocalTrainConfig(epochs=2, batch_size=16, lr=0.01, **opt)
+    task = ClassificationTask()
+    used = tiny_model(1)
+    local_train(used, first, task, cfg, 0, torch_generator(0, "a"))  # leaves its optimizer behind
+    used.load_state_dict(tiny_model().state_dict())
+    out_used = local_train(used, second, task, cfg, 3, torch_generator(0, "b"))
+    new = tiny_model()
+    out_new = local_train(new, second, task, cfg, 3, torch_generator(0, "b"))
+    assert out_used == out_new
+    for a, b in zip(used.parameters(), new.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_fixed_parameters_follow_requires_grad(digits):
+    from fedpipe.fl.local import fix_parameters, local_train
+
+    data = ClientData(digits.train.x[:50], digits.train.y[:50])
+    cfg = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1)
+    model = tiny_model()
+    fix_parameters(model)
+    model[1].weight.requires_grad_(False)
+    local_train(model, data, ClassificationTask(), cfg, 0, torch_generator(0, "t"))
+    assert torch.equal(model[1].weight, tiny_model()[1].weight)  # frozen: not trained
+    assert not torch.equal(model[3].weight, tiny_model()[3].weight)
+
+
+def test_client_weights_are_not_changed_by_later_clients(digits):
+    """A client's update holds the tensors the scratch model trained in; the next client gets new
+    ones, so the first update stays as it was."""
+    local = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1)
+    s = fedavg(local, 2)
+    clients = clients_from(digits, {"scheme": "iid", "num_clients": 2})
+    payload = s.payload(s.init_server(tiny_model()), 0)
+    initial = tiny_model().state_dict()
+    first, _, _ = s.client_update(payload, {}, clients[0], torch_generator(0, "a"), 0)
+    kept = {k: v.clone() for k, v in first.weights.items()}
+    second, _, _ = s.client_update(payload, {}, clients[1], torch_generator(0, "b"), 1)
+    for k, v in kept.items():
+        assert torch.equal(first.weights[k], v), k
+        assert not torch.equal(second.weights[k], v), k
+        assert not torch.equal(initial[k], v), k  # trained...
+        assert torch.equal(payload.weights[k], initial[k]), k  # ...from an untouched payload
+
+
+def test_all_finite_checks_every_element():
+    from fedpipe.fl.state import all_finite
+
+    assert all_finite({}) and all_finite({"w": torch.ones(3), "n": torch.tensor(7)})
+    assert all_finite({"w": torch.full((4,), 3e38)})  # the norm overflows, the values are finite
+    assert not all_finite({"w": torch.ones(3), "v": torch.tensor([1.0, float("inf")])})
+    assert not all_finite({"w": torch.tensor([float("nan")], dtype=torch.float64)})

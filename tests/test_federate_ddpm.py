@@ -2,6 +2,7 @@
 federated DDPM with FedAvg, FedDDPM and FedDDPM+ -> report (with the paper's numbers beside ours)."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +133,23 @@ def test_report_mean_std_and_paper_column(track):
 def test_mean_std_hand_values():
     assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
     assert mean_std([5.0]) == (5.0, 0.0)
+
+
+@pytest.mark.parametrize("preset,table", [("fedddpm_mnist", "mnist"), ("fedddpm_cifar10", "cifar10"),
+                                          ("fedddpm_cifar100", "cifar100")])
+def test_paper_study_presets_compose_and_validate(tmp_path, preset, table):
+    from fedpipe.config.compose import compose_params
+    from fedpipe.pipeline.common import train_config
+
+    repo = Path(__file__).resolve().parents[1]
+    out = compose_params(repo, [f"study={preset}"], output=str(tmp_path / "params.yaml"))
+    params = yaml.safe_load(out.read_text())
+    assert params["partition"]["num_clients"] == 100
+    assert params["study"]["paper_reference"] == f"{table}/15_shard"
+    for algo in params["study"]["diffusion_algorithms"]:
+        cfg = ddpm_train_config(params, algo)
+        assert cfg.fl.aggregation == "uniform" and cfg.fl.local.lr == 2e-4
+    assert diffusion_stage_config(params, "warmup").warmup.epochs in (200, 400)
+    train_config(params, "fedavg")
+    assert paper_fid(params["study"]["paper_reference"])["fedddpm"] < paper_fid(
+        params["study"]["paper_reference"])["fedavg"]
