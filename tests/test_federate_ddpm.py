@@ -153,3 +153,30 @@ def test_paper_study_presets_compose_and_validate(tmp_path, preset, table):
     train_config(params, "fedavg")
     assert paper_fid(params["study"]["paper_reference"])["fedddpm"] < paper_fid(
         params["study"]["paper_reference"])["fedavg"]
+
+
+def test_classifier_calibration_needs_a_labelled_aux_set(track, tmp_path):
+    from fedpipe.data import Partition
+    from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.federate import federate
+
+    root, params = track
+    p = yaml.safe_load(yaml.safe_dump(params))
+    p["fl"] = {**p["fl"], "rounds": 2}
+    cfg = train_config(p, "fedddpm")
+    part = root / "partition" / "partition.safetensors"
+    with pytest.raises(ConfigError, match=r"diffusion\.conditional=False"):  # A is unlabelled here
+        federate(cfg, tmp_path / "a", part, aux_path=root / "gen" / "aux.safetensors", progress=False)
+    # a labelled A (here: real images with their labels, written in the generate stage's format)
+    from fedpipe.config import dataset_config
+    from fedpipe.data import load_dataset
+    from fedpipe.io import save_tensors
+
+    ds = load_dataset(dataset_config(p["dataset"]))
+    n = len(Partition.load(part).sizes())
+    save_tensors(tmp_path / "aux.safetensors", {"images": ds.train.x[:40], "labels": ds.train.y[:40],
+                                                 "client": __import__("torch").zeros(40, dtype=int)})
+    out = federate(cfg, tmp_path / "b", part, aux_path=tmp_path / "aux.safetensors", progress=False)
+    assert out.final["rounds"] == 2 and n == 4
+    assert out.result.state.meta["server_steps"] == 2 * math.ceil(40 / 16)
+    assert str(tmp_path / "aux.safetensors") in out.inputs
