@@ -226,3 +226,55 @@ def test_all_finite_checks_every_element():
     assert all_finite({"w": torch.full((4,), 3e38)})  # the norm overflows, the values are finite
     assert not all_finite({"w": torch.ones(3), "v": torch.tensor([1.0, float("inf")])})
     assert not all_finite({"w": torch.tensor([float("nan")], dtype=torch.float64)})
+
+
+def test_tied_weights_stay_tied_and_are_returned_under_each_name(digits):
+    """A tensor the model holds under two names: the scratch model keeps one (tied) tensor, and the
+    update holds the trained value under both names, as separate tensors."""
+
+    def shared() -> nn.Module:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(),
+                          nn.Linear(10, 10))
+        m[5].weight = m[3].weight  # tied
+        return m
+
+    local = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1)
+    s = Strategy(ClassificationTask(), shared, local)
+    payload = s.payload(s.init_server(shared()), 0)
+    data = ClientData(digits.train.x[:50], digits.train.y[:50])
+    update, _, _ = s.client_update(payload, {}, data, torch_generator(0, "t"))
+    model = s._scratch
+    assert model[5].weight is model[3].weight  # still tied after loading new tensors
+    assert torch.equal(update.weights["3.weight"], model[3].weight)
+    assert torch.equal(update.weights["5.weight"], model[3].weight)
+    assert update.weights["3.weight"].data_ptr() != update.weights["5.weight"].data_ptr()
+    assert not torch.equal(update.weights["3.weight"], payload.weights["3.weight"])
+
+
+@pytest.mark.parametrize("on_device", [None, True])
+def test_loss_mean_hand_computed_on_both_paths(on_device):
+    from fedpipe.fl.local import LossMean
+
+    meter = LossMean(on_device=on_device)
+    assert meter.value() == 0.0
+    for v in (0.5, 1.25, 3.0):
+        meter.add(torch.tensor(v, requires_grad=True) * 1.0)  # a loss still attached to a graph
+    assert meter.count == 3
+    assert meter.value() == pytest.approx((0.5 + 1.25 + 3.0) / 3, abs=1e-12)
+    assert bool(meter.kept) is bool(on_device)  # CPU losses are read as they come, not kept
+
+
+def test_local_loss_is_the_mean_of_the_batch_losses(digits):
+    from fedpipe.fl.local import local_train
+
+    data = clients_from(digits, {"scheme": "iid", "num_clients": 4})[0]
+    local = LocalTrainConfig(epochs=1, batch_size=16, lr=1e-12)  # every batch sees the same model
+    model = tiny_model()
+    out = local_train(model, data, ClassificationTask(), local, 0, torch_generator(0, "t"))
+    gen = torch_generator(0, "t")
+    with torch.no_grad():
+        expected = [float(nn.functional.cross_entropy(model(x), y))
+                    for x, y in data.batches(16, gen)]
+    assert out["steps"] == len(expected)
+    assert out["loss"] == pytest.approx(sum(expected) / len(expected), rel=1e-6)

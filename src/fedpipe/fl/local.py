@@ -8,7 +8,9 @@ Algorithms customise it through hooks instead of copying it:
   step in MoFedSAM);
 - ``step_hook(model)``: called right after each optimizer step (e.g. an EMA of the weights).
 
-No host synchronisation inside the loop: the losses stay on the device until the end.
+No host synchronisation inside the loop: on an accelerator the losses stay on the device until the
+end (:class:`LossMean`); on the CPU, where reading a scalar costs no synchronisation, each is read as
+it comes, which is cheaper than keeping the tensors.
 
 The engine trains one scratch model for every client, so the per-call set-up is kept small: the
 optimizer built for the same model, parameters and settings is reused with its state cleared
@@ -39,16 +41,16 @@ def make_optimizer(params, cfg: LocalTrainConfig, lr: float) -> torch.optim.Opti
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-# weak-keyed: an entry goes with its model
+# Per-model caches, weak-keyed: an entry goes with its model.
 _fixed_params: weakref.WeakKeyDictionary[nn.Module, list[nn.Parameter]] = weakref.WeakKeyDictionary()
 _optimizers: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.optim.Optimizer]] = (
     weakref.WeakKeyDictionary())  # model -> (what its optimizer was built for, the optimizer)
 
 
 def fix_parameters(model: nn.Module) -> None:
-    """Declare that ``model`` keeps its parameters (the same tensors; their values and
+    """Declare that ``model`` keeps its parameters (the same tensor objects; their values, data and
     ``requires_grad`` may change): :func:`trainable_parameters` then lists them without walking the
-    modules (done for the engine's scratch model, which nothing restructures)."""
+    modules. The engine does this for its scratch model, which nothing restructures."""
     _fixed_params[model] = list(model.parameters())
 
 
@@ -60,13 +62,11 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 def fresh_optimizer(model: nn.Module, params: Sequence[nn.Parameter], cfg: LocalTrainConfig,
                     lr: float) -> torch.optim.Optimizer:
-    """An optimizer of ``params`` (``model``'s trainable parameters) in the state of a new
-    ``make_optimizer(params, cfg, lr)``: the last one built for ``model`` when it has the same
-    parameters and settings, with its state (momentum, Adam moments and step) cleared and ``lr`` set.
-
-    The parameters are compared by identity (``id``: the cached optimizer keeps them alive).
-    """
-    key = (cfg.optimizer, cfg.momentum, cfg.weight_decay, *map(id, params))
+    """``make_optimizer(params, cfg, lr)`` for ``model``'s trainable ``params``, reusing the one built
+    last for ``model`` when it was for the same parameters (by identity) and ``cfg``: its state
+    (momentum buffers, Adam's moments and step) is cleared and ``lr`` set, which makes it bit for bit
+    a new one (an optimizer's state is created at its first step)."""
+    key = (cfg, *map(id, params))  # ids are safe: the cached optimizer keeps its parameters alive
     cached = _optimizers.get(model)
     if cached is None or cached[0] != key:
         opt = make_optimizer(params, cfg, lr)
@@ -95,6 +95,40 @@ def iterate_batches(data: ClientData, cfg: LocalTrainConfig, gen: torch.Generato
                 return
 
 
+class LossMean:
+    """The mean of a run of scalar losses, accumulated in float64.
+
+    On the CPU each loss is read as it comes (``item()`` costs no synchronisation there, and keeping
+    the tensors costs more than reading them); on an accelerator the losses are kept on the device and
+    read with one synchronisation in :meth:`value`. ``on_device`` forces the second path (tests).
+    """
+
+    def __init__(self, on_device: bool | None = None):
+        self.on_device = on_device
+        self.total = 0.0
+        self.count = 0
+        self.kept: list[torch.Tensor] = []
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.count += 1
+        on_device = self.on_device
+        if on_device is None:
+            on_device = loss.device.type != "cpu"
+        if on_device:
+            self.kept.append(loss.detach())
+        else:
+            self.total += loss.item()
+
+    def value(self) -> float:
+        """The mean (0.0 for no losses)."""
+        if not self.count:
+            return 0.0
+        total = self.total
+        if self.kept:
+            total += float(torch.stack(self.kept).double().sum())
+        return total / self.count
+
+
 def backward(model: nn.Module, batch: Batch, loss_fn: LossFn) -> torch.Tensor:
     loss = loss_fn(model, batch)
     loss.backward()
@@ -114,7 +148,7 @@ def local_train(model: nn.Module, data: ClientData, task: Task, cfg: LocalTrainC
         model.train()
     params = trainable_parameters(model)
     opt = fresh_optimizer(model, params, cfg, cfg.lr_at(round_))
-    losses: list[torch.Tensor] = []  # summed once at the end: no per-step op or host sync
+    losses = LossMean()
     for batch in iterate_batches(data, cfg, gen):
         opt.zero_grad(set_to_none=True)
         loss = grads_fn(model, batch, loss_fn)
@@ -125,7 +159,6 @@ def local_train(model: nn.Module, data: ClientData, task: Task, cfg: LocalTrainC
         opt.step()
         if step_hook is not None:
             step_hook(model)
-        losses.append(loss.detach())
-    steps = len(losses)
-    mean = float(torch.stack(losses).double().mean()) if steps else 0.0
-    return {"loss": mean, "steps": float(steps)}
+        losses.add(loss)
+    opt.state.clear()  # free momentum / Adam moments now, as a discarded optimizer would
+    return {"loss": losses.value(), "steps": float(losses.count)}

@@ -52,26 +52,36 @@ def clone(w: Weights) -> Weights:
 
 @torch.no_grad()
 def load_weights(slots: Weights, weights: Weights) -> Weights:
-    """Give a model's tensors ``slots`` (``model.state_dict(keep_vars=True)``) new copies of ``weights``
-    as their data; returns the copies by name.
+    """Give a model's tensors ``slots`` (``model.state_dict(keep_vars=True)``) new copies of
+    ``weights`` as their data; returns the model's tensors by name (sharing its storage, detached).
 
-    The values of ``load_state_dict`` (strict: the key sets must match; cast to the model's dtype
-    and device), copied by one fused ``_foreach_copy_`` instead of a per-module traversal: this runs
+    The values of ``load_state_dict`` (strict: the key sets must match; cast to the model's dtype and
+    device), copied by one fused ``_foreach_copy_`` instead of a per-module traversal: this runs
     once per client per round. The model then computes with, and trains in place in, the returned
-    tensors, so its trained weights need no copy out, and tensors returned by an earlier call are
-    never written again. A tensor the model holds under several names (tied weights) gets one copy
-    (of the last name's weights, as with successive copies).
+    tensors, so its trained weights need no copy out, and since each call gives the model new
+    storage, tensors returned by an earlier call never change again. A tensor held under several
+    names (tied weights) ends with its last name's copy, as successive copies into it would.
     """
     if slots.keys() != weights.keys():
         missing = sorted(set(slots) ^ set(weights))
         raise KeyError(f"weights do not match the model: {missing[:5]}")
-    sources = {id(t): (t, weights[k]) for k, t in slots.items()}
-    copies = [torch.empty_like(t) for t, _ in sources.values()]
-    torch._foreach_copy_(copies, [w for _, w in sources.values()])
-    for (t, _), copy in zip(sources.values(), copies, strict=True):
+    tensors = list(slots.values())
+    copies = [torch.empty_like(t) for t in tensors]
+    torch._foreach_copy_(copies, [weights[k] for k in slots])
+    for t, copy in zip(tensors, copies, strict=True):
         t.data = copy
-    by_id = dict(zip(sources, copies, strict=True))
-    return {k: by_id[id(t)] for k, t in slots.items()}
+    return {k: t.data for k, t in slots.items()}
+
+
+def repeated_names(w: Weights) -> list[str]:
+    """The names whose tensor is the same object as under an earlier name (tied weights)."""
+    seen: set[int] = set()
+    repeated = []
+    for k, t in w.items():
+        if id(t) in seen:
+            repeated.append(k)
+        seen.add(id(t))
+    return repeated
 
 
 def is_float(t: torch.Tensor) -> bool:

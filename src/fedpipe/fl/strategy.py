@@ -32,6 +32,7 @@ from fedpipe.fl.state import (
     aggregation_coeffs,
     clone,
     load_weights,
+    repeated_names,
     weighted_average,
 )
 
@@ -73,8 +74,7 @@ class Strategy:
             self._scratch = self.model_fn()
             fix_parameters(self._scratch)
             self._slots = self._scratch.state_dict(keep_vars=True)
-            seen: set[int] = set()
-            self._tied = [k for k, t in self._slots.items() if id(t) in seen or seen.add(id(t))]
+            self._tied = repeated_names(self._slots)
         self._held = load_weights(self._slots, weights)
         return self._scratch
 
