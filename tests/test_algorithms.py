@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from fakes import MSETask
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -58,14 +59,6 @@ def mul(s, a):
 
 def norm(a):
     return math.sqrt(sum(ai * ai for ai in a))
-
-
-class MSETask:
-    name = "mse"
-
-    def loss(self, model, batch, generator):
-        x, y = batch
-        return F.mse_loss(model(x), y)
 
 
 def linear_model() -> nn.Module:

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
+from fakes import MSETask
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -28,14 +28,6 @@ DT = torch.float64
 SEED = 11
 W0 = [0.5, -0.25]
 LOCAL = LocalTrainConfig(steps=2, batch_size=2, lr=0.1, optimizer="sgd")
-
-
-class MSETask:
-    name = "mse"
-
-    def loss(self, model, batch, generator):
-        x, y = batch
-        return F.mse_loss(model(x), y)
 
 
 def linear_model() -> nn.Module:

@@ -29,8 +29,14 @@ ALGORITHMS: dict[str, type[Strategy]] = {
 }
 
 
+def check_algorithms(names: list[str] | tuple[str, ...], key: str) -> None:
+    """Every name of ``names`` (the value of param ``key``) is a registered algorithm."""
+    for name in names:
+        if name not in ALGORITHMS:
+            raise ConfigError(key, name, "one of " + ", ".join(sorted(ALGORITHMS)))
+
+
 def algorithm_config(name: str, data: dict[str, Any] | None) -> Any:
     """Validate ``algorithms.<name>`` against the algorithm's config dataclass."""
-    if name not in ALGORITHMS:
-        raise ConfigError("algorithm", name, "one of " + ", ".join(sorted(ALGORITHMS)))
+    check_algorithms([name], "algorithm")
     return build(ALGORITHMS[name].config_class, data, f"algorithms.{name}")

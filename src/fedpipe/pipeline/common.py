@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.algorithms import algorithm_config, check_algorithms
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
@@ -57,9 +57,7 @@ def train_config(params: dict, algorithm: str) -> TrainConfig:
     check_model(model)
     fl = fl_config(params.get("fl"))
     study = build(StudyConfig, params.get("study"), "study")
-    for name in study.algorithms:
-        if name not in ALGORITHMS:
-            raise ConfigError("study.algorithms", name, "one of " + ", ".join(sorted(ALGORITHMS)))
+    check_algorithms(study.algorithms, "study.algorithms")
     algos = params.get("algorithms") or {}
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
     read = {"seed": seed, "dataset": params.get("dataset"), "model": params.get("model"),

@@ -46,7 +46,19 @@ def history_columns(history: list[dict[str, float]]) -> list[str]:
     return cols
 
 
-def plot_history(history: list[dict[str, float]], title: str):
+def save_run(out: Path, result: RunResult, model_meta: dict) -> None:
+    """The final global model (``model.safetensors``, with ``model_meta`` and the rounds done) and
+    the per-round history (``history.csv``) of a federated run."""
+    save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
+                 {"fedpipe.model": json.dumps({**model_meta, "rounds": result.rounds_done},
+                                              sort_keys=True)})
+    cols = history_columns(result.history)
+    write_csv(out / "history.csv", cols, [[h.get(c, "") for c in cols] for h in result.history])
+
+
+def plot_history(history: list[dict[str, float]], title: str, metric: str = "test_accuracy",
+                 metric_label: str = "global test accuracy", loss_label: str | None = None):
+    """Train and test loss per round (left), and the evaluated ``metric`` per round (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,13 +67,16 @@ def plot_history(history: list[dict[str, float]], title: str):
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     r = [h["round"] for h in history]
     axes[0].plot(r, [h["train_loss"] for h in history], label="train loss (clients)")
-    ev = [h for h in history if "test_loss" in h]
-    axes[0].plot([h["round"] for h in ev], [h["test_loss"] for h in ev], label="test loss")
+    ev = [h for h in history if metric in h]
+    axes[0].plot([h["round"] for h in ev], [h["test_loss"] for h in ev], marker=".",
+                 label="test loss")
     axes[0].set_xlabel("round")
+    if loss_label is not None:
+        axes[0].set_ylabel(loss_label)
     axes[0].legend()
-    axes[1].plot([h["round"] for h in ev], [h["test_accuracy"] for h in ev], marker=".")
+    axes[1].plot([h["round"] for h in ev], [h[metric] for h in ev], marker=".")
     axes[1].set_xlabel("round")
-    axes[1].set_ylabel("global test accuracy")
+    axes[1].set_ylabel(metric_label)
     fig.suptitle(title)
     return fig
 
@@ -104,12 +119,7 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
                            checkpoint_dir=out / "checkpoint",
                            fingerprint=fingerprint_of(cfg.params_read, *inputs),
                            stop_after=stop_after, ctx=ctx, on_round=on_round, progress=progress)
-    save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
-                 {"fedpipe.model": json.dumps({"algorithm": cfg.algorithm, "model": cfg.model.name,
-                                               "rounds": result.rounds_done}, sort_keys=True)})
-    cols = history_columns(result.history)
-    write_csv(out / "history.csv", cols,
-              [[h.get(c, "") for c in cols] for h in result.history])
+    save_run(out, result, {"algorithm": cfg.algorithm, "model": cfg.model.name})
     last_eval = [h for h in result.history if "test_accuracy" in h][-1]
     final = {"rounds": result.rounds_done, "final_train_loss": result.history[-1]["train_loss"],
              "test_accuracy": last_eval["test_accuracy"], "test_loss": last_eval["test_loss"],

@@ -15,7 +15,6 @@ every point, so the curve shows the model's change, not the sampler's). At the e
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms
 from fedpipe.config import ConfigError, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.diffusion import DiffusionConfig, FIDConfig, diffusion_config, fid_config
@@ -34,7 +33,7 @@ from fedpipe.config.fl import FLConfig, StudyConfig, fl_config
 from fedpipe.config.stages import check_sections, read_seed
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import run_federated
-from fedpipe.io import md5_file, save_figure, save_tensors, write_csv, write_json
+from fedpipe.io import md5_file, save_figure, write_json
 from fedpipe.pipeline.common import PARTITION_PATH, clients_of, load_partition
 from fedpipe.pipeline.diffusion import (
     AUX_FILE,
@@ -45,7 +44,7 @@ from fedpipe.pipeline.diffusion import (
     resolve_device,
 )
 from fedpipe.pipeline.feature_extractor import FIDTools, load_fid_tools
-from fedpipe.pipeline.federate import history_columns
+from fedpipe.pipeline.federate import plot_history, save_run
 from fedpipe.pipeline.generate import load_aux, plot_grid, requested_labels
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask
@@ -87,9 +86,7 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
     fl = fl_config(params.get("diffusion_fl"), "diffusion_fl")
     fid = fid_config(params.get("fid"))
     study = build(StudyConfig, params.get("study"), "study")
-    for name in study.diffusion_algorithms:
-        if name not in ALGORITHMS:
-            raise ConfigError("study.diffusion_algorithms", name, "one of " + ", ".join(sorted(ALGORITHMS)))
+    check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
     algos = params.get("algorithms") or {}
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
     read = {"seed": params.get("seed", 0), "run_seed": seed, "dataset": params.get("dataset"),
@@ -119,27 +116,6 @@ def fid_of(task: DiffusionTask, tools: FIDTools, cfg: DDPMTrainConfig, class_cou
         x = sample_images(task, model, n, cfg, class_counts, gen)
         return tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
     return score
-
-
-def plot_fid_curve(history: list[dict[str, float]], title: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    r = [h["round"] for h in history]
-    axes[0].plot(r, [h["train_loss"] for h in history], label="clients (train)")
-    ev = [h for h in history if "test_fid" in h]
-    axes[0].plot([h["round"] for h in ev], [h["test_loss"] for h in ev], marker=".", label="test")
-    axes[0].set_xlabel("round")
-    axes[0].set_ylabel("epsilon-MSE")
-    axes[0].legend()
-    axes[1].plot([h["round"] for h in ev], [h["test_fid"] for h in ev], marker=".")
-    axes[1].set_xlabel("round")
-    axes[1].set_ylabel("FID")
-    fig.suptitle(title)
-    return fig
 
 
 def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR,
@@ -186,11 +162,7 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     x = sample_images(task, model, cfg.fid.num_samples, cfg, class_counts,
                       torch_generator(cfg.seed, "fid-final"))
     final_fid = tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
-    save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
-                 {"fedpipe.model": json.dumps({"algorithm": cfg.algorithm, "unet": cfg.diffusion.unet,
-                                               "rounds": result.rounds_done}, sort_keys=True)})
-    cols = history_columns(result.history)
-    write_csv(out / "history.csv", cols, [[h.get(c, "") for c in cols] for h in result.history])
+    save_run(out, result, {"algorithm": cfg.algorithm, "unet": cfg.diffusion.unet})
     meta = result.state.meta
     write_json(out / "quicktest.json", {"trace": meta.get("quicktest", []),
                                         "stopped_at": meta.get("stopped_at")})
@@ -203,7 +175,7 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
              "train_seconds_now": seconds, "resumed_from": result.resumed_from}
     write_json(out / "metrics.json", final)
     title = f"{cfg.algorithm} DDPM on {cfg.dataset.name}"
-    save_figure(out / "curves.png", plot_fid_curve(result.history, title))
+    save_figure(out / "curves.png", plot_history(result.history, title, "test_fid", "FID", "epsilon-MSE"))
     save_figure(out / "samples.png", plot_grid(x, f"{title}: FID {final_fid:.3f} ({len(x)} samples)"))
     log.info("%s: %d rounds, FID %.4f on %d samples (%s)", cfg.algorithm, result.rounds_done,
              final_fid, len(x), tools.fid.name)
