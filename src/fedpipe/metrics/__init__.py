@@ -1,6 +1,16 @@
 """Metrics: accuracy (global, per-client, personalized), fairness summaries, and FID."""
 
-from fedpipe.metrics.accuracy import client_accuracy_summary, per_client_accuracy
+from fedpipe.metrics.accuracy import (
+    client_accuracy_summary,
+    per_client_accuracy,
+    per_client_loss,
+)
+from fedpipe.metrics.fairness import (
+    client_disagreement,
+    clustering_nmi,
+    fairness_summary,
+    sigma_acc,
+)
 from fedpipe.metrics.fid import (
     FID,
     ClassifierFeatures,
@@ -10,15 +20,32 @@ from fedpipe.metrics.fid import (
     load_reference,
     save_reference,
 )
+from fedpipe.metrics.personalized import (
+    class_weights,
+    per_class_accuracy,
+    pm_accuracy,
+    train_class_counts,
+    weighted_client_accuracy,
+)
 
 __all__ = [
     "FID",
     "ClassifierFeatures",
     "InceptionFeatures",
     "ReferenceMismatchError",
+    "class_weights",
     "client_accuracy_summary",
+    "client_disagreement",
+    "clustering_nmi",
+    "fairness_summary",
     "inception_extractor",
     "load_reference",
+    "per_class_accuracy",
     "per_client_accuracy",
+    "per_client_loss",
+    "pm_accuracy",
     "save_reference",
+    "sigma_acc",
+    "train_class_counts",
+    "weighted_client_accuracy",
 ]
