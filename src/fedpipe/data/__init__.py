@@ -1,5 +1,6 @@
 """Data layer: dataset registry, partitioners, client feature skew, partition statistics."""
 
+from fedpipe.data.corruptions import CORRUPTIONS, corrupt, corrupted_split, corrupted_test_sets
 from fedpipe.data.datasets import (
     Dataset,
     DatasetMeta,
@@ -24,4 +25,8 @@ __all__ = [
     "apply_feature_skew",
     "client_data",
     "partition_statistics",
+    "CORRUPTIONS",
+    "corrupt",
+    "corrupted_split",
+    "corrupted_test_sets",
 ]
