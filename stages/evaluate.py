@@ -1,6 +1,6 @@
-"""DVC stage `evaluate`: global and per-client accuracy of every algorithm of the study, plots and a
-comparison table. Reads params: seed, dataset, model, fl, study, algorithms; the partition and
-data/federate/."""
+"""DVC stage `evaluate`: generic and personalized accuracy of every algorithm and training seed of the
+study, mean ± std over seeds, plots and a comparison table. Reads params: seed, dataset, model, fl,
+study, algorithms; the partition and data/federate/."""
 
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
@@ -12,8 +12,7 @@ from fedpipe.tracking import stage_run
 def main() -> None:
     params = load_params()
     first = train_config(params, ((params.get("study") or {}).get("algorithms") or ["fedavg"])[0])
-    names = first.study.algorithms[1:] + first.study.calibrated_algorithms
-    cfgs = [first] + [train_config(params, a) for a in names]
+    cfgs = [train_config(params, a, s) for a in first.study.algorithms for s in first.study.seeds]
     with stage_run("evaluate", {"study": params.get("study"), **first.params_read}, first.seed) as run:
         out = evaluate_study(cfgs)
         for algo, m in out.metrics.items():

@@ -1,25 +1,25 @@
-"""DVC stage `federate@<algorithm>`: federated training of one algorithm of the study.
+"""DVC stage `federate@<algorithm>-<seed>`: federated training of one algorithm of the study with one
+training seed of `study.seeds`.
 
-Reads params: seed, dataset, model, fl, algorithms.<algorithm>; the partition file. Writes
-data/federate/<algorithm>/ (model, history, metrics, curves; checkpoint/ persists for resume).
+Reads params: seed, dataset, model, fl, algorithms.<algorithm>; the partition file and, for a method
+that declares server data, data/server_data/. Writes data/federate/<algorithm>/seed_<seed>/ (model,
+personal models, history, per-client accuracies, metrics, curves; checkpoint/ persists for resume).
 """
 
 import sys
 
-from fedpipe.cli import run_stage, stage_argument
+from fedpipe.cli import run_stage, stage_arguments
 from fedpipe.config import load_params
 from fedpipe.pipeline.common import train_config
 from fedpipe.pipeline.federate import federate
 from fedpipe.tracking import stage_run
 
 
-def main(stage: str = "federate", aux_path: str | None = None) -> None:
-    """Also the body of `federate_aux@<algorithm>` (``aux_path``: the labelled auxiliary set)."""
-    algorithm = stage_argument(sys.argv, "algorithm")
-    cfg = train_config(load_params(), algorithm)  # validates before any data is loaded
-    with stage_run(f"{stage}@{algorithm}", cfg.params_read, cfg.seed) as run:
-        out = federate(cfg, aux_path=aux_path,
-                       on_round=lambda rec: run.log_metrics(rec, step=int(rec["round"])))
+def main() -> None:
+    algorithm, seed = stage_arguments(sys.argv, "algorithm", "seed")
+    cfg = train_config(load_params(), algorithm, seed)  # validates before any data is loaded
+    with stage_run(f"federate@{algorithm}-{seed}", cfg.params_read, cfg.seed) as run:
+        out = federate(cfg, on_round=lambda rec: run.log_metrics(rec, step=int(rec["round"])))
         run.log_file_hashes("input", out.inputs)
         run.log_file_hashes("output", out.outputs)
         run.log_metrics({f"final_{k}": v for k, v in out.final.items()})

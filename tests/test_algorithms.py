@@ -21,7 +21,7 @@ from fedpipe.algorithms import ALGORITHMS, algorithm_config
 from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl import ClientUpdate, Payload, ServerState, run_federated
+from fedpipe.fl import ClientUpdate, Payload, RoundInfo, ServerState, run_federated
 from fedpipe.tasks import ClassificationTask
 
 DT = torch.float64
@@ -55,6 +55,11 @@ def sub(a, b):
 
 def mul(s, a):
     return [s * ai for ai in a]
+
+
+def rnd(updates, index: int = 0) -> RoundInfo:
+    """The server hooks' view of a round with these updates."""
+    return RoundInfo(index=index, total=10, seed=0, updates=tuple(updates))
 
 
 def norm(a):
@@ -115,59 +120,59 @@ def test_scaffold_corrected_steps_and_option2_control_variate():
     c, c_i = [0.3, -0.2], [-0.1, 0.4]
     s = strategy("scaffold", steps=2, lr_decay=0.5)
     eta = LR * 0.5  # eta_l of round 1
-    update, state, _ = run_client(s, Payload(1, W(W0), {"c.weight": T(c)}), {"c_i.weight": T(c_i)})
+    update, state, _ = run_client(s, Payload(1, W(W0), {"c": {"weight": T(c)}}), {"c_i": {"weight": T(c_i)}})
     corr = sub(c, c_i)
     y1 = sub(W0, mul(eta, add(grad(W0), corr)))
     y2 = sub(y1, mul(eta, add(grad(y1), corr)))
     close(update.weights["weight"], y2)
     c_i_new = add(sub(c_i, c), mul(1 / (2 * eta), sub(W0, y2)))  # option II
-    close(state["c_i.weight"], c_i_new)
-    close(state["c_i.weight"], mul(0.5, add(grad(W0), grad(y1))))  # = mean gradient on the path
-    close(update.extra["dc.weight"], sub(c_i_new, c_i))
+    close(state["c_i"]["weight"], c_i_new)
+    close(state["c_i"]["weight"], mul(0.5, add(grad(W0), grad(y1))))  # = mean gradient on the path
+    close(update.extra["dc"]["weight"], sub(c_i_new, c_i))
 
 
 def test_scaffold_server_update():
     x, c = [1.0, -1.0], [0.2, 0.1]
     y_a, y_b = [1.5, -0.5], [0.0, -2.0]
     dc_a, dc_b = [0.4, -0.4], [1.0, 2.0]
-    updates = [ClientUpdate(1, 1, W(y_a), {"dc.weight": T(dc_a)}),
-               ClientUpdate(3, 3, W(y_b), {"dc.weight": T(dc_b)})]
-    state = ServerState(W(x), {"c.weight": T(c)})
+    updates = [ClientUpdate(1, 1, W(y_a), {"dc": {"weight": T(dc_a)}}),
+               ClientUpdate(3, 3, W(y_b), {"dc": {"weight": T(dc_b)}})]
+    state = ServerState(W(x), {"c": {"weight": T(c)}})
     for aggregation, p in (("weighted", [0.25, 0.75]), ("uniform", [0.5, 0.5])):
         s = strategy("scaffold", {"global_lr": 0.5}, aggregation=aggregation, num_clients=4)
-        new = s.aggregate(state, updates)
+        new = s.aggregate(state, rnd(updates))
         dy = add(mul(p[0], sub(y_a, x)), mul(p[1], sub(y_b, x)))
         close(new.weights["weight"], add(x, mul(0.5, dy)))  # x + eta_g avg dy_i
-        close(new.extra["c.weight"], add(c, mul(1 / 4, add(dc_a, dc_b))))  # c + |S|/N avg dc_i
+        close(new.extra["c"]["weight"], add(c, mul(1 / 4, add(dc_a, dc_b))))  # c + |S|/N avg dc_i
 
 
 def test_scaffold_needs_the_number_of_clients():
     s = strategy("scaffold", num_clients=1)
-    updates = [ClientUpdate(i, 1, W(W0), {"dc.weight": T([0.0, 0.0])}) for i in range(2)]
+    updates = [ClientUpdate(i, 1, W(W0), {"dc": {"weight": T([0.0, 0.0])}}) for i in range(2)]
     with pytest.raises(ValueError, match="num_clients"):
-        s.aggregate(ServerState(W(W0), {"c.weight": T([0.0, 0.0])}), updates)
+        s.aggregate(ServerState(W(W0), {"c": {"weight": T([0.0, 0.0])}}), rnd(updates))
 
 
 # -- FedDyn --------------------------------------------------------------------------------------
 def test_feddyn_linear_term_and_gradient_state():
     alpha, g_prev = 0.5, [0.2, -0.6]
     s = strategy("feddyn", {"alpha": alpha}, steps=2)
-    update, state, _ = run_client(s, Payload(0, W(W0)), {"grad.weight": T(g_prev)})
+    update, state, _ = run_client(s, Payload(0, W(W0)), {"grad": {"weight": T(g_prev)}})
     # grad of L(theta) - <g_prev, theta> + alpha/2 ||theta - theta^{t-1}||^2
     th1 = sub(W0, mul(LR, sub(grad(W0), g_prev)))
     th2 = sub(th1, mul(LR, add(sub(grad(th1), g_prev), mul(alpha, sub(th1, W0)))))
     close(update.weights["weight"], th2)
-    close(state["grad.weight"], sub(g_prev, mul(alpha, sub(th2, W0))))
+    close(state["grad"]["weight"], sub(g_prev, mul(alpha, sub(th2, W0))))
 
 
 def test_feddyn_server_update():
     alpha, theta, h = 0.5, [1.0, -1.0], [0.2, 0.1]
     th_a, th_b = [1.5, -0.5], [0.0, -2.0]
     s = strategy("feddyn", {"alpha": alpha}, num_clients=4)
-    new = s.aggregate(ServerState(W(theta), {"h.weight": T(h)}),
-                      [ClientUpdate(0, 1, W(th_a)), ClientUpdate(2, 3, W(th_b))])
+    new = s.aggregate(ServerState(W(theta), {"h": {"weight": T(h)}}),
+                      rnd([ClientUpdate(0, 1, W(th_a)), ClientUpdate(2, 3, W(th_b))]))
     h_new = sub(h, mul(alpha / 4, add(sub(th_a, theta), sub(th_b, theta))))
-    close(new.extra["h.weight"], h_new)
+    close(new.extra["h"]["weight"], h_new)
     close(new.weights["weight"], sub(mul(0.5, add(th_a, th_b)), mul(1 / alpha, h_new)))
 
 
@@ -175,18 +180,18 @@ def test_feddyn_server_update():
 def test_feddc_drift_penalty_correction_and_upload():
     alpha, h, c, c_i = 0.5, [0.1, 0.2], [0.3, -0.2], [-0.1, 0.4]
     s = strategy("feddc", {"alpha": alpha}, steps=2)
-    update, state, _ = run_client(s, Payload(0, W(W0), {"c.weight": T(c)}),
-                                  {"h.weight": T(h), "c_i.weight": T(c_i)})
+    update, state, _ = run_client(s, Payload(0, W(W0), {"c": {"weight": T(c)}}),
+                                  {"h": {"weight": T(h)}, "c_i": {"weight": T(c_i)}})
     corr = sub(c, c_i)
     # grad of L(theta) + alpha/2 ||theta + h - w||^2, plus c - c_i
     th1 = sub(W0, mul(LR, add(grad(W0), mul(alpha, h), corr)))
     th2 = sub(th1, mul(LR, add(grad(th1), mul(alpha, sub(add(th1, h), W0)), corr)))
     h_new = add(h, sub(th2, W0))
     c_i_new = add(sub(c_i, c), mul(1 / (2 * LR), sub(W0, th2)))
-    close(state["h.weight"], h_new)
-    close(state["c_i.weight"], c_i_new)
+    close(state["h"]["weight"], h_new)
+    close(state["c_i"]["weight"], c_i_new)
     close(update.weights["weight"], add(th2, h_new))  # upload theta_i + h_i
-    close(update.extra["dc.weight"], sub(c_i_new, c_i))
+    close(update.extra["dc"]["weight"], sub(c_i_new, c_i))
 
 
 def feddc_round(drift_average):
@@ -196,14 +201,14 @@ def feddc_round(drift_average):
     th1, th2 = [1.5, -0.5], [0.0, -2.0]  # local models after the round
     h1n, h2n = add(h1, sub(th1, w)), add(h2, sub(th2, w))
     dc1, dc2 = [0.4, -0.4], [1.0, 2.0]
-    updates = [ClientUpdate(1, 1, W(add(th1, h1n)), {"dc.weight": T(dc1), "dh.weight": T(sub(th1, w))}),
-               ClientUpdate(2, 3, W(add(th2, h2n)), {"dc.weight": T(dc2), "dh.weight": T(sub(th2, w))})]
+    updates = [ClientUpdate(1, 1, W(add(th1, h1n)), {"dc": {"weight": T(dc1)}, "dh": {"weight": T(sub(th1, w))}}),
+               ClientUpdate(2, 3, W(add(th2, h2n)), {"dc": {"weight": T(dc2)}, "dh": {"weight": T(sub(th2, w))}})]
     s = strategy("feddc", {"drift_average": drift_average}, aggregation="uniform", num_clients=3)
-    extra = {"c.weight": T(c)}
+    extra = {"c": {"weight": T(c)}}
     if drift_average == "all_clients":
-        extra["hsum.weight"] = T(add(h0, h1, h2))
-    new = s.aggregate(ServerState(W(w), extra), updates)
-    close(new.extra["c.weight"], add(c, mul(1 / 3, add(dc1, dc2))))
+        extra["hsum"] = {"weight": T(add(h0, h1, h2))}
+    new = s.aggregate(ServerState(W(w), extra), rnd(updates))
+    close(new.extra["c"]["weight"], add(c, mul(1 / 3, add(dc1, dc2))))
     return new, dict(th1=th1, th2=th2, h0=h0, h1n=h1n, h2n=h2n)
 
 
@@ -217,14 +222,14 @@ def test_feddc_server_all_clients_drift_mean():
     # the authors' code: mean of the participants' theta_i + mean of all N clients' h_i
     expected = add(mul(0.5, add(v["th1"], v["th2"])), mul(1 / 3, add(v["h0"], v["h1n"], v["h2n"])))
     close(new.weights["weight"], expected)
-    close(new.extra["hsum.weight"], add(v["h0"], v["h1n"], v["h2n"]))
+    close(new.extra["hsum"]["weight"], add(v["h0"], v["h1n"], v["h2n"]))
 
 
 # -- MoFedSAM ------------------------------------------------------------------------------------
 def test_mofedsam_sam_steps_with_momentum_mixing():
     rho, alpha, delta = 0.1, 0.3, [0.2, -0.4]
     s = strategy("mofedsam", {"rho": rho, "alpha": alpha}, steps=2)
-    update, _, metrics = run_client(s, Payload(0, W(W0), {"delta.weight": T(delta)}))
+    update, _, metrics = run_client(s, Payload(0, W(W0), {"delta": {"weight": T(delta)}}))
 
     def sam_step(w):
         g = grad(w)
@@ -235,7 +240,7 @@ def test_mofedsam_sam_steps_with_momentum_mixing():
     x1 = sam_step(W0)
     x2 = sam_step(x1)  # the second step starts from x1 (the perturbation was undone)
     torch.testing.assert_close(update.weights["weight"], T(x2), rtol=0, atol=1e-10)
-    torch.testing.assert_close(update.extra["delta.weight"], T(mul(1 / (2 * LR), sub(W0, x2))),
+    torch.testing.assert_close(update.extra["delta"]["weight"], T(mul(1 / (2 * LR), sub(W0, x2))),
                                rtol=0, atol=1e-10)
     # the reported loss is the loss at the unperturbed points
     assert metrics["loss"] == pytest.approx((loss(W0) + loss(x1)) / 2, abs=1e-12)
@@ -244,11 +249,11 @@ def test_mofedsam_sam_steps_with_momentum_mixing():
 def test_mofedsam_server_update():
     x, d = [1.0, -1.0], [0.3, 0.3]
     s = strategy("mofedsam", {"global_lr": 0.5}, aggregation="weighted")
-    new = s.aggregate(ServerState(W(x), {"delta.weight": T(d)}),
-                      [ClientUpdate(0, 1, W([2.0, 0.0]), {"delta.weight": T([1.0, 2.0])}),
-                       ClientUpdate(1, 3, W([0.0, 2.0]), {"delta.weight": T([-1.0, 0.0])})])
+    new = s.aggregate(ServerState(W(x), {"delta": {"weight": T(d)}}),
+                      rnd([ClientUpdate(0, 1, W([2.0, 0.0]), {"delta": {"weight": T([1.0, 2.0])}}),
+                           ClientUpdate(1, 3, W([0.0, 2.0]), {"delta": {"weight": T([-1.0, 0.0])}})]))
     close(new.weights["weight"], add(x, mul(0.5, sub([0.5, 1.5], x))))
-    close(new.extra["delta.weight"], [-0.5, 0.5])
+    close(new.extra["delta"]["weight"], [-0.5, 0.5])
 
 
 class NoisyTask:
@@ -269,7 +274,7 @@ class NoisyTask:
 def test_sam_passes_share_the_stochastic_loss():
     task = NoisyTask()
     s = strategy("mofedsam", steps=2, task=task)
-    run_client(s, Payload(0, W(W0), {"delta.weight": T([0.0, 0.0])}))
+    run_client(s, Payload(0, W(W0), {"delta": {"weight": T([0.0, 0.0])}}))
     a, b, c, d = task.draws
     assert a == b and c == d and a != c
 
@@ -280,7 +285,7 @@ def test_sam_restores_buffers_after_the_second_pass():
 
     s = strategy("mofedsam", model_fn=bn_model)
     init = bn_model().state_dict()
-    update, _, _ = run_client(s, Payload(0, init, {"delta.1.weight": torch.zeros(1, 2, dtype=DT)}))
+    update, _, _ = run_client(s, Payload(0, init, {"delta": {"1.weight": torch.zeros(1, 2, dtype=DT)}}))
     # BatchNorm's input does not depend on the weights: one update with momentum 0.1, not two
     torch.testing.assert_close(update.weights["0.running_mean"], 0.1 * torch.tensor(X, dtype=DT).mean(0))
     assert int(update.weights["0.num_batches_tracked"]) == 1
@@ -333,9 +338,13 @@ def federate(name, cfg, **kw):
 
 
 def assert_identical(a, b):
+    """Equal bit for bit: state dicts, or named groups of them."""
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.equal(a[k], b[k]), k
+        if isinstance(a[k], dict):
+            assert_identical(a[k], b[k])
+        else:
+            assert torch.equal(a[k], b[k]), k
 
 
 @pytest.mark.parametrize(("name", "cfg"), CASES)

@@ -62,7 +62,7 @@ def run(ds, seed: int, rounds: int = 4, **kw):
     fl = FLConfig(rounds=rounds, participation=0.5, local=local, checkpoint_every=2)
     task = ClassificationTask()
 
-    def evaluate(state):
+    def evaluate(state, personal=None):
         m = tiny_model()
         m.load_state_dict(state.weights)
         return task.evaluate(m, ds.test.x, ds.test.y)
@@ -207,7 +207,7 @@ def test_client_weights_are_not_changed_by_later_clients(digits):
     local = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1)
     s = fedavg(local, 2)
     clients = clients_from(digits, {"scheme": "iid", "num_clients": 2})
-    payload = s.payload(s.init_server(tiny_model()), 0)
+    payload = s.payload(s.init_server(tiny_model()), 0, 0)
     initial = tiny_model().state_dict()
     first, _, _ = s.client_update(payload, {}, clients[0], torch_generator(0, "a"), 0)
     kept = {k: v.clone() for k, v in first.weights.items()}
@@ -241,7 +241,7 @@ def test_tied_weights_stay_tied_and_are_returned_under_each_name(digits):
 
     local = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1)
     s = Strategy(ClassificationTask(), shared, local)
-    payload = s.payload(s.init_server(shared()), 0)
+    payload = s.payload(s.init_server(shared()), 0, 0)
     data = ClientData(digits.train.x[:50], digits.train.y[:50])
     update, _, _ = s.client_update(payload, {}, data, torch_generator(0, "t"))
     model = s._scratch

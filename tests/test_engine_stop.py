@@ -16,7 +16,8 @@ def tiny_model() -> nn.Module:
 
 
 class StopAtThree(Strategy):
-    def server_update(self, state: ServerState, round_: int, ctx=None) -> ServerState:
+    def server_update(self, state: ServerState, rnd) -> ServerState:
+        round_ = rnd.index
         if round_ + 1 == 3:
             return ServerState(state.weights, state.extra, {**state.meta, "stopped_at": round_ + 1})
         return state
@@ -36,7 +37,7 @@ def test_strategy_stops_training_and_resume_does_not_continue(tmp_path):
                         progress=False)
     assert res.rounds_done == 3 and [h["round"] for h in res.history] == [1.0, 2.0, 3.0]
     assert res.state.meta["stopped_at"] == 3
-    assert (tmp_path / "checkpoint.safetensors").is_file()  # the stop round is checkpointed
+    assert (tmp_path / "server.safetensors").is_file()  # the stop round is checkpointed
     again = run_federated(StopAtThree(ClassificationTask(), tiny_model, local, num_clients=2),
                           tiny_model(), clients, fl, seed=0, checkpoint_dir=tmp_path, progress=False)
     assert again.resumed_from == 3 and again.rounds_done == 3 and len(again.history) == 3

@@ -15,11 +15,19 @@ from fakes import MSETask
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
-from fedpipe.algorithms.fedddpm import QuickTest, QuickTestEntry, check_aux
+from fedpipe.algorithms.fedddpm import QuickTest, QuickTestEntry, uses_labels
 from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl import ClientUpdate, SerialExecutor, ServerState, local_train, run_federated
+from fedpipe.fl import (
+    ClientUpdate,
+    RoundInfo,
+    SerialExecutor,
+    ServerData,
+    ServerState,
+    local_train,
+    run_federated,
+)
 from fedpipe.fl.engine import sample_clients
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask, DiffusionTask
@@ -49,6 +57,17 @@ def dataset(n: int, seed: int) -> ClientData:
 
 
 AUX = dataset(5, 0)  # |A| = 5: ceil(5 / 2) = 3 batches of B = 2 per epoch
+
+
+def server_data(aux: ClientData = AUX) -> ServerData:
+    return ServerData("aux", aux, bool((aux.y >= 0).all()))
+
+
+def rnd(index: int, aux: ClientData | None = AUX, total: int = 10, score=None, updates=()
+        ) -> RoundInfo:
+    """The server hooks' view of round ``index`` (the pipeline's server data and score)."""
+    return RoundInfo(index=index, total=total, seed=SEED, updates=tuple(updates),
+                     server_data=None if aux is None else server_data(aux), score=score)
 
 
 def make(name, cfg=None, task=None, aggregation="uniform"):
@@ -126,12 +145,12 @@ def test_fedddpm_aggregates_as_fedavg_then_trains_on_the_aux_set():
     s = make("fedddpm", {"server_epochs": 2, "server_lr": 0.01, "server_batch_size": 2})
     start = ServerState(W(W0), meta={"server_steps": 0})
     updates = [ClientUpdate(0, 2, W([1.0, 0.0])), ClientUpdate(2, 6, W([0.0, 1.0]))]
-    agg = s.aggregate(start, updates)
-    assert_identical(agg.weights, make("fedavg").aggregate(start, updates).weights)  # eq. 9
+    agg = s.aggregate(start, rnd(4, updates=updates))
+    assert_identical(agg.weights, make("fedavg").aggregate(start, rnd(4, updates=updates)).weights)
     torch.testing.assert_close(agg.weights["weight"], torch.tensor([[0.5, 0.5]], dtype=DT), rtol=0, atol=0)
     before = {k: v.clone() for k, v in agg.weights.items()}
 
-    new = s.server_update(agg, 4, {"aux": AUX, "seed": SEED})
+    new = s.server_update(agg, rnd(4))
     expected, metrics = hand_server_step(agg.weights, 4, epochs=2, lr=0.01)
     assert_identical(new.weights, expected)  # bit for bit
     assert metrics["steps"] == 2 * math.ceil(5 / 2) == new.meta["server_steps"] == 6
@@ -141,7 +160,7 @@ def test_fedddpm_aggregates_as_fedavg_then_trains_on_the_aux_set():
     assert new.weights["weight"].data_ptr() != agg.weights["weight"].data_ptr()
     assert start.meta == {"server_steps": 0}  # meta is a new dict
 
-    newer = s.server_update(new, 5, {"aux": AUX, "seed": SEED})
+    newer = s.server_update(new, rnd(5))
     assert newer.meta["server_steps"] == 12  # cumulative
     assert_identical(new.weights, expected)  # earlier states never change
 
@@ -149,7 +168,7 @@ def test_fedddpm_aggregates_as_fedavg_then_trains_on_the_aux_set():
 def test_fedddpm_sgd_server_step_is_w_minus_eta_grad_on_aux():
     eta = 0.05
     s = make("fedddpm", {"server_optimizer": "sgd", "server_lr": eta, "server_batch_size": 5})
-    new = s.server_update(ServerState(W(W0)), 0, {"aux": AUX, "seed": SEED})
+    new = s.server_update(ServerState(W(W0)), rnd(0))
     x, y = AUX.x, AUX.y
     w = torch.tensor([W0], dtype=DT)
     grad = 2 / len(x) * ((x @ w.T - y).T @ x)  # full batch: grad of mean (x.w - y)^2
@@ -169,14 +188,14 @@ def test_fedddpm_through_the_engine_is_fedavg_plus_the_server_step():
     cfg = {"server_epochs": 1, "server_lr": 1e-9, "server_batch_size": 2}  # a tiny, but real, step
     fl = tiny_fl(2)
     got = run_federated(make("fedddpm", cfg), linear_model(), CLIENTS, fl, SEED, progress=False,
-                        ctx={"aux": AUX, "seed": SEED})
+                        server_data=server_data())
     fedavg = make("fedavg")
     state = fedavg.init_server(linear_model())
     for r in range(fl.rounds):  # the engine's round, written out, with the hand server step
         selected = sample_clients(3, fl.clients_per_round(3), SEED, r)
-        results = SerialExecutor().run(fedavg, fedavg.payload(state, r),
+        results = SerialExecutor().run(fedavg, {c: fedavg.payload(state, r, c) for c in selected},
                                        [(c, {}, CLIENTS[c]) for c in selected], SEED)
-        state = fedavg.aggregate(state, [u for u, _, _ in results])
+        state = fedavg.aggregate(state, rnd(r, updates=[u for u, _, _ in results]))
         state = ServerState(hand_server_step(state.weights, r, epochs=1, lr=1e-9)[0])
     assert_identical(got.state.weights, state.weights)
     assert got.state.meta["server_steps"] == 2 * 3
@@ -207,11 +226,10 @@ def drive(s, fid, rounds, start=0, state=None, stop=None):
     """``server_update`` after simulated client rounds (w moves by 0.01 per round) until the strategy
     stops (or before 0-based round ``stop``); returns the states before and after each server_update."""
     state = state or s.init_server(linear_model())
-    ctx = {"aux": AUX, "seed": SEED, "rounds": rounds, "quick_fid": fid}
     trail = []
     for r in range(start, rounds if stop is None else stop):
         pre = ServerState({"weight": state.weights["weight"] + 0.01}, state.extra, state.meta)
-        state = s.server_update(pre, r, ctx)
+        state = s.server_update(pre, rnd(r, total=rounds, score=fid))
         trail.append((r, pre, state))
         if state.meta.get("stopped_at") is not None:
             break
@@ -244,8 +262,7 @@ def test_fedddpm_plus_fires_corrects_once_and_stops():
         assert n == 7 and torch.equal(w, pre.weights["weight"])
         assert torch.equal(draw, torch.randn(3, generator=torch_generator(SEED, "quicktest", r), dtype=DT))
     # once stopped: no second correction
-    ctx = {"aux": AUX, "seed": SEED, "rounds": 10, "quick_fid": fid}
-    assert s.server_update(state, 9, ctx) is state and len(fid.calls) == 4
+    assert s.server_update(state, rnd(9, score=fid)) is state and len(fid.calls) == 4
 
 
 def test_fedddpm_plus_corrects_after_the_last_round_when_never_triggered():
@@ -289,9 +306,8 @@ def test_fedddpm_plus_through_the_engine_stops_and_resumes(tmp_path):
     fl = tiny_fl(6)
 
     def run(scores, **kw):
-        ctx = {"aux": AUX, "seed": SEED, "rounds": fl.rounds, "quick_fid": ScriptedFID(scores)}
         return run_federated(make("fedddpm_plus", cfg), linear_model(), CLIENTS, fl, SEED, progress=False,
-                             ctx=ctx, **kw)
+                             server_data=server_data(), score=ScriptedFID(scores), **kw)
 
     scores = [10.0, 9.0, 9.5]  # |9.4 - 9.5| <= 0.2: fires after round 3
     full = run(scores)
@@ -332,20 +348,25 @@ def test_a_classifier_refuses_an_unlabelled_aux_set():
     unlabelled = ClientData(AUX.x, torch.full((len(AUX),), -1, dtype=torch.int64))
     for name in ("fedddpm", "fedddpm_plus"):
         s = make(name, task=ClassificationTask())
-        ctx = {"aux": unlabelled, "seed": SEED, "rounds": 3, "quick_fid": ScriptedFID([1.0])}
         with pytest.raises(ValueError, match="unlabelled"):
-            s.server_update(ServerState(W(W0)), 0, ctx)
-    check_aux(DiffusionTask(num_train_timesteps=10), unlabelled, "x")  # unconditional: labels unused
-    with pytest.raises(ValueError, match="unlabelled"):
-        check_aux(DiffusionTask(num_train_timesteps=10, conditional=True), unlabelled, "x")
+            s.server_update(ServerState(W(W0)), rnd(0, unlabelled, 3, ScriptedFID([1.0])))
+    assert not uses_labels(DiffusionTask(num_train_timesteps=10))  # unconditional: labels unused
+    assert uses_labels(DiffusionTask(num_train_timesteps=10, conditional=True))
+    unconditional = make("fedddpm", task=DiffusionTask(num_train_timesteps=10))
     with pytest.raises(ValueError, match="empty"):
-        check_aux(MSETask(), ClientData(AUX.x[:0], AUX.y[:0]), "x")
+        unconditional.server_update(ServerState(W(W0)), rnd(0, ClientData(AUX.x[:0], AUX.y[:0])))
 
 
-def test_missing_ctx_keys_are_named():
-    with pytest.raises(ValueError, match="ctx"):
-        make("fedddpm").server_update(ServerState(W(W0)), 0, None)
-    with pytest.raises(ValueError, match="'aux'"):
-        make("fedddpm").server_update(ServerState(W(W0)), 0, {"seed": SEED})
-    with pytest.raises(ValueError, match="'quick_fid'"):
-        make("fedddpm_plus").server_update(ServerState(W(W0)), 0, {"aux": AUX, "seed": SEED, "rounds": 3})
+def test_missing_server_inputs_are_named():
+    with pytest.raises(ValueError, match="server data"):
+        make("fedddpm").server_update(ServerState(W(W0)), rnd(0, aux=None))
+    with pytest.raises(ValueError, match="score"):
+        make("fedddpm_plus").server_update(ServerState(W(W0)), rnd(0, total=3))
+
+
+def test_the_methods_declare_their_server_data():
+    for name in ("fedddpm", "fedddpm_plus"):
+        assert ALGORITHMS[name].server_data_kind(algorithm_config(name, None)) == "aux"
+    assert ALGORITHMS["fedavg"].server_data_kind(algorithm_config("fedavg", None)) == "none"
+    with pytest.raises(ConfigError, match="server_data"):
+        algorithm_config("fedddpm", {"server_data": "distill"})

@@ -118,16 +118,22 @@ def test_report_mean_std_and_paper_column(track):
     from fedpipe.config.fl import StudyConfig
     from fedpipe.io import write_json
 
-    write_json(root / "eval.json", {"fedavg": {"test_accuracy": 0.8, "client_acc_mean": 0.7,
-                                               "client_acc_worst10": 0.5}})
+    acc = {"test_accuracy": 0.8, "client_acc_mean": 0.7, "client_acc_worst10": 0.5}
+    write_json(root / "eval" / "metrics.json", {"fedavg": {**acc, "seeds": 1}})
+    write_json(root / "eval" / "seeds.json", {"fedavg": {"0": acc}})
     study = build(StudyConfig, params["study"], "study")
-    rep = build_report(study, "tiny", root / "fed", root / "eval.json", root / "report")
+    rep = build_report(study, "tiny", root / "fed", root / "eval", root / "report")
     fids = [read_json(run_dir(root / "fed", "fedavg", s) / "metrics.json")["fid"] for s in (0, 1)]
     assert rep.summary["fedavg"]["fid_mean"] == pytest.approx(np.mean(fids))
     assert rep.summary["fedavg"]["fid_std"] == pytest.approx(np.std(fids, ddof=1))
     assert f"{paper_fid('mnist/15_shard')['fedddpm']:.3f}" in rep.text and "Table I" in rep.text
-    assert "| fedavg | 80.00 | 70.00 | 50.00 |" in rep.text
+    assert "| fedavg | 80.00 | 70.00 | — | 50.00 | — |" in rep.text
     assert (root / "report" / "fid_curves.png").is_file()
+    # two training seeds: every claim with both arms in the study is shown, but not judged
+    claims = {c["key"]: c for c in read_json(root / "report" / "claims.json")["claims"]}
+    main = claims["fedddpm/fid/fedddpm-lt-fedavg"]
+    assert main["status"] == "not judged" and main["held"] is False and main["n"] == 2
+    assert main["values"]["fedavg"] == {str(s): f for s, f in enumerate(fids)}
 
 
 def test_mean_std_hand_values():
@@ -165,8 +171,14 @@ def test_classifier_calibration_needs_a_labelled_aux_set(track, tmp_path):
     p["fl"] = {**p["fl"], "rounds": 2}
     cfg = train_config(p, "fedddpm")
     part = root / "partition" / "partition.safetensors"
+    from fedpipe.pipeline.server_data import needed_kinds, write_server_data
+
+    p["study"] = {**p["study"], "algorithms": ["fedavg", "fedddpm"]}
+    kinds = needed_kinds(p)
+    assert kinds == {"aux": ["fedddpm"]}  # declared by the method's config, not named by the pipeline
+    write_server_data(kinds, root / "gen" / "aux.safetensors", tmp_path / "sd_a")
     with pytest.raises(ConfigError, match=r"diffusion\.conditional=False"):  # A is unlabelled here
-        federate(cfg, tmp_path / "a", part, aux_path=root / "gen" / "aux.safetensors", progress=False)
+        federate(cfg, tmp_path / "a", part, server_data_dir=tmp_path / "sd_a", progress=False)
     # a labelled A (here: real images with their labels, written in the generate stage's format)
     from fedpipe.config import dataset_config
     from fedpipe.data import load_dataset
@@ -176,7 +188,10 @@ def test_classifier_calibration_needs_a_labelled_aux_set(track, tmp_path):
     n = len(Partition.load(part).sizes())
     save_tensors(tmp_path / "aux.safetensors", {"images": ds.train.x[:40], "labels": ds.train.y[:40],
                                                  "client": __import__("torch").zeros(40, dtype=int)})
-    out = federate(cfg, tmp_path / "b", part, aux_path=tmp_path / "aux.safetensors", progress=False)
+    write_server_data(kinds, tmp_path / "aux.safetensors", tmp_path / "sd_b")
+    out = federate(cfg, tmp_path / "b", part, server_data_dir=tmp_path / "sd_b", progress=False)
     assert out.final["rounds"] == 2 and n == 4
     assert out.result.state.meta["server_steps"] == 2 * math.ceil(40 / 16)
-    assert str(tmp_path / "aux.safetensors") in out.inputs
+    assert str(tmp_path / "sd_b" / "aux.safetensors") in out.inputs
+    assert write_server_data({}, tmp_path / "missing.safetensors", tmp_path / "sd_b") == {"kinds": {}}
+    assert not (tmp_path / "sd_b" / "aux.safetensors").exists()  # a kind no method needs is removed

@@ -58,39 +58,50 @@ def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_federate_stage_bad_input_exit_2_and_outputs_kept(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with(**{"fl/rounds": -3})))
-    out = tmp_path / "data" / "federate" / "fedavg"
+    out = tmp_path / "data" / "federate" / "fedavg" / "seed_0"
     out.mkdir(parents=True)
     (out / "metrics.json").write_text("{}\n")
-    proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg")
+    proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg", "0")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: invalid config: fl.rounds=-3; allowed: an integer >= 1"]
     assert (out / "metrics.json").read_text() == "{}\n"
     # no partition yet: one line naming the file
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
-    proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg")
+    proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg", "x")
+    assert proc.returncode == 2 and "seed argument='x'" in proc.stderr
+    proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg", "0")
     assert proc.returncode == 2 and "data/partition/partition.safetensors" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_federate_resume_matches_uninterrupted(tmp_path):
-    """Interrupt federate after round 2 of 4, re-run: same final metrics, bit for bit."""
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedper", "fedavg_ft", "fedrep"])
+def test_federate_resume_matches_uninterrupted(tmp_path, algorithm):
+    """Interrupt federate after round 2 of 4, re-run: same final model, personal models, history and
+    per-client accuracies, bit for bit (personalized methods too)."""
     from fedpipe.config import partition_stage_config
     from fedpipe.data.outputs import partition_and_write
-    from fedpipe.io import read_json
     from fedpipe.pipeline.federate import federate
 
-    p = params_with(**{"fl/rounds": 4, "fl/checkpoint_every": 1})
+    p = params_with(**{"fl/rounds": 4, "fl/checkpoint_every": 1, "fl/local/epochs": 1,
+                       "algorithms/fedrep": {"head_epochs": 1, "body_epochs": 1},
+                       "algorithms/fedavg_ft": {"ft_epochs": 1}})
     part_dir = tmp_path / "partition"
     partition_and_write(partition_stage_config(p), part_dir)
     part = part_dir / "partition.safetensors"
-    cfg = train_config(p, "fedavg")
+    cfg = train_config(p, algorithm, 1)
     federate(cfg, tmp_path / "a", part, progress=False)
     stopped = federate(cfg, tmp_path / "b", part, stop_after=2, progress=False)
     assert stopped.result.rounds_done == 2
+    ckpt = tmp_path / "b" / algorithm / "seed_1" / "checkpoint"
+    assert (ckpt / "server.safetensors").is_file()
     resumed = federate(cfg, tmp_path / "b", part, progress=False)
     assert resumed.result.resumed_from == 2
-    assert read_json(tmp_path / "a/fedavg/metrics.json") == read_json(tmp_path / "b/fedavg/metrics.json")
-    assert (tmp_path / "a/fedavg/model.safetensors").read_bytes() == \
-        (tmp_path / "b/fedavg/model.safetensors").read_bytes()
-    assert (tmp_path / "a/fedavg/history.csv").read_text() == (tmp_path / "b/fedavg/history.csv").read_text()
+    a, b = tmp_path / "a" / algorithm / "seed_1", tmp_path / "b" / algorithm / "seed_1"
+    files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file() and "checkpoint" not in f.parts
+                   and f.suffix != ".png")
+    assert Path("model.safetensors") in files and Path("clients.csv") in files
+    personal = [f for f in files if f.parts[0] == "personal"]
+    assert len(personal) == (0 if algorithm == "fedavg" else p["partition"]["num_clients"])
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from fedpipe.config import ConfigError
 from fedpipe.data import DatasetNotFoundError
-from fedpipe.fl import DivergenceError
+from fedpipe.errors import DivergenceError
 
 EXIT_CONFIG = 2
 EXIT_DIVERGED = 3

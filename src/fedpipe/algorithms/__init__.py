@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedpipe.algorithms.fedavg_ft import FedAvgFT
 from fedpipe.algorithms.feddc import FedDC
 from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
 from fedpipe.algorithms.feddyn import FedDyn
+from fedpipe.algorithms.fedper import FedPer
 from fedpipe.algorithms.fedprox import FedProx
+from fedpipe.algorithms.fedrep import FedRep
+from fedpipe.algorithms.local import Local
 from fedpipe.algorithms.mofedsam import MoFedSAM
 from fedpipe.algorithms.scaffold import Scaffold
 from fedpipe.config import ConfigError, build
@@ -26,6 +30,10 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "mofedsam": MoFedSAM,
     "fedddpm": FedDDPM,
     "fedddpm_plus": FedDDPMPlus,
+    "local": Local,
+    "fedavg_ft": FedAvgFT,
+    "fedper": FedPer,
+    "fedrep": FedRep,
 }
 
 

@@ -44,7 +44,6 @@ Inferred choices (config values or documented here):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,13 +58,11 @@ from fedpipe.fl.state import (
     Payload,
     ServerState,
     clone,
-    prefixed,
     read,
     sum_over_clients,
     trainable,
-    unprefixed,
 )
-from fedpipe.fl.strategy import ClientState, Strategy, check_num_clients
+from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy, check_num_clients
 from fedpipe.tasks import Batch
 
 DRIFT_AVERAGES = ("participants", "all_clients")
@@ -93,14 +90,14 @@ class FedDC(Strategy):
 
     def init_server(self, model: nn.Module) -> ServerState:
         zeros = {n: torch.zeros_like(p.detach()) for n, p in trainable(model).items()}
-        extra = prefixed("c.", zeros)
+        extra = {"c": zeros}
         if self.cfg.drift_average == "all_clients":
-            extra |= prefixed("hsum.", {n: z.clone() for n, z in zeros.items()})  # sum_i h_i
+            extra["hsum"] = {n: z.clone() for n, z in zeros.items()}  # sum_i h_i
         return ServerState(weights=clone(model.state_dict()), extra=extra)
 
-    def payload(self, state: ServerState, round_: int) -> Payload:
-        c = {k: v for k, v in state.extra.items() if k.startswith("c.")}  # not the server's sum h_i
-        return Payload(round=round_, weights=state.weights, extra=c)
+    def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
+        c = {"c": state.extra["c"]}  # not the server's sum h_i
+        return Payload(round=round_, weights=state.weights, extra=c, client_id=client_id)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
@@ -108,9 +105,9 @@ class FedDC(Strategy):
         alpha, w = self.cfg.alpha, payload.weights
         model = self.scratch_model(w)  # theta_i <- w
         params = trainable(model)
-        h_i = read(client_state, "h.", params)
-        c = read(payload.extra, "c.", params)
-        c_i = read(client_state, "c_i.", params)
+        h_i = read(client_state.get("h"), params)
+        c = read(payload.extra.get("c"), params)
+        c_i = read(client_state.get("c_i"), params)
         correction = {n: c[n] - c_i[n] for n in params}
         target = {n: w[n] - h_i[n] for n in params}  # theta_i + h_i - w = theta_i - (w - h_i)
 
@@ -130,25 +127,26 @@ class FedDC(Strategy):
         c_i_new = option2_control_variate(c_i, c, w, theta_i, metrics["steps"],
                                           self.local.lr_at(payload.round))
         upload = theta_i | {n: theta_i[n] + h_new[n] for n in params}  # theta_i + h_i
-        extra = prefixed("dc.", {n: c_i_new[n] - c_i[n] for n in params}) | prefixed("dh.", dh)
+        extra = {"dc": {n: c_i_new[n] - c_i[n] for n in params}, "dh": dh}
         update = ClientUpdate(client_id, len(data), upload, extra=extra, metrics=metrics)
-        return update, prefixed("h.", h_new) | prefixed("c_i.", c_i_new), metrics
+        return update, {"h": h_new, "c_i": c_i_new}, metrics
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        updates = rnd.updates
         check_num_clients(self, updates)
         w_avg = self.average(updates)  # avg (theta_i + h_i)
-        extra: dict[str, torch.Tensor] = {}
+        extra: dict[str, dict[str, torch.Tensor]] = {}
         if self.cfg.drift_average == "all_clients":
             # avg theta_i + (1/N) sum_{all i} h_i = avg(theta_i + h_i) - avg h_i + (1/N) sum h_i;
             # with theta_i = w + dh_i this is w + avg dh_i + (1/N) sum_{all i} h_i.
-            hsum = unprefixed("hsum.", state.extra)
-            dh_sum = sum_over_clients(updates, "dh.")
+            hsum = state.extra["hsum"]
+            dh_sum = sum_over_clients(updates, "dh")
             hsum_new = {n: hsum[n] + dh_sum[n] for n in hsum}
-            dh_avg = self.average(updates, [unprefixed("dh.", u.extra) for u in updates])
+            dh_avg = self.average(updates, [u.extra["dh"] for u in updates])
             w_avg |= {n: state.weights[n] + dh_avg[n] + hsum_new[n] / self.num_clients for n in hsum}
-            extra |= prefixed("hsum.", hsum_new)
-        dc_sum = sum_over_clients(updates, "dc.")
-        c = unprefixed("c.", state.extra)
-        extra |= prefixed("c.", {n: c[n] + dc_sum[n] / self.num_clients for n in c})
+            extra["hsum"] = hsum_new
+        dc_sum = sum_over_clients(updates, "dc")
+        c = state.extra["c"]
+        extra["c"] = {n: c[n] + dc_sum[n] / self.num_clients for n in c}
         return ServerState(weights=w_avg, extra=extra, meta=state.meta)
 

@@ -26,19 +26,20 @@ loss (the DDPM epsilon-MSE for a :class:`~fedpipe.tasks.DiffusionTask`): both al
 agnostic. Aggregation (eq. 9) is the base :class:`~fedpipe.fl.Strategy`'s, i.e. ``fl.aggregation``:
 the paper's unweighted 1/n mean is ``aggregation: uniform``, which the pipeline sets.
 
-``ctx`` (the mapping the pipeline passes to ``run_federated(..., ctx=ctx)``, which hands it to
-``server_update``):
+Server-side inputs come through the round protocol (:class:`~fedpipe.fl.strategy.RoundInfo`),
+never through an untyped mapping:
 
-- ``"aux"``: a :class:`~fedpipe.data.ClientData` holding A (images; labels, -1 for an unconditional
-  set). A task that needs labels (a classifier, a class-conditional DDPM) refuses an unlabelled A;
-- ``"seed"``: the run's seed. The server's randomness (batch order, the loss's noise) comes from
-  ``torch_generator(seed, "server-update", round)``, QuickTest's sampling noise from
-  ``torch_generator(seed, "quicktest", round)``, never from the global RNG;
-- ``"rounds"`` (FedDDPM+): the total number of rounds ``fl.rounds`` (for the no-trigger correction);
-- ``"quick_fid"`` (FedDDPM+): ``quick_fid(model, n, generator) -> float``, the FID of ``n`` samples
-  drawn from ``model`` (a fresh model holding the global weights) with ``generator``.
+- ``rnd.server_data``: A, the method's declared server data (``server_data: aux`` in its config;
+  the pipeline loads the auxiliary set the diffusion track generated). A task that needs labels (a
+  classifier, a class-conditional DDPM) refuses an unlabelled A;
+- ``rnd.generator("server-update")``: the server's randomness (batch order, the loss's noise), the
+  stream ``(seed, "server-update", round)``; QuickTest's sampling noise is ``(seed, "quicktest",
+  round)``, never the global RNG;
+- ``rnd.total`` (FedDDPM+): the total number of rounds ``fl.rounds`` (for the no-trigger correction);
+- ``rnd.score`` (FedDDPM+): ``score(model, n, generator) -> float``, the FID of ``n`` samples drawn
+  from ``model`` (a fresh model holding the global weights) with ``generator``.
 
-A missing key is a ValueError naming it. ``state.meta`` (JSON, checkpointed with the run):
+A missing input is a ValueError naming it. ``state.meta`` (JSON, checkpointed with the run):
 
 - ``"server_steps"``: cumulative server optimizer steps (both algorithms; the paper's cost
   comparison, spec §8.11); ``"server_loss"``: the mean loss of the last server training;
@@ -66,7 +67,7 @@ Choices where the paper is ambiguous (spec §8):
   ``stopped_at`` is then a multiple of ``test_every`` like the paper's numbers. The first test only
   initialises the EMA, so the earliest stop is after round 2 * test_every.
 - If QuickTest never fires (§8.10, unspecified): with ``correct_if_no_trigger`` (default) the
-  correction runs after the last round (``ctx["rounds"]``), so FedDDPM+ always ends with one
+  correction runs after the last round (``rnd.total``), so FedDDPM+ always ends with one
   correction; ``stopped_at`` stays None (QuickTest did not stop training), ``corrected_at`` is set.
   When the last round is a test round, QuickTest runs first; a correction never runs twice.
 - Once stopped or corrected, ``server_update`` does nothing (an engine that kept training would
@@ -77,7 +78,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -90,19 +91,11 @@ from fedpipe.data import ClientData
 from fedpipe.fl.engine import DivergenceError
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import ServerState, Weights, clone
-from fedpipe.fl.strategy import Strategy
-from fedpipe.rng import torch_generator
+from fedpipe.fl.strategy import RoundInfo, Strategy, require_server_data
 
 log = logging.getLogger(__name__)
 
 QuickFID = Callable[[nn.Module, int, torch.Generator], float]
-
-CTX_KEYS = {
-    "aux": "the auxiliary set A as fedpipe.data.ClientData",
-    "seed": "the run's seed (int)",
-    "rounds": "the total number of rounds, fl.rounds (int)",
-    "quick_fid": "quick_fid(model, n, generator) -> float, the FID of n samples of model",
-}
 
 
 # -- configs -----------------------------------------------------------------------------------------
@@ -118,8 +111,12 @@ class FedDDPMConfig:
     server_batch_size: int = 128
     """B of the server's minibatches of A: the paper's MNIST batch (inferred: the paper gives B for
     clients only; CIFAR uses 64)."""
+    server_data: str = "aux"
+    """The server data the calibration trains on: ``aux``, the auxiliary set A the server sampled
+    from the clients' warm-up models (the paper's only choice)."""
 
     def validate(self, p: str) -> None:
+        one_of(f"{p}.server_data", self.server_data, ("aux",))
         check(self.server_epochs >= 1, f"{p}.server_epochs", self.server_epochs, "an integer >= 1")
         check(self.server_lr > 0, f"{p}.server_lr", self.server_lr, "a number > 0")
         one_of(f"{p}.server_optimizer", self.server_optimizer, OPTIMIZERS)
@@ -150,8 +147,11 @@ class FedDDPMPlusConfig:
     correct_if_no_trigger: bool = True
     """Run the correction after the last round when QuickTest never fired (inferred; the paper does
     not say what happens then, spec §8.10)."""
+    server_data: str = "aux"
+    """As FedDDPM's: the correction trains on the auxiliary set A."""
 
     def validate(self, p: str) -> None:
+        one_of(f"{p}.server_data", self.server_data, ("aux",))
         check(self.test_every >= 1, f"{p}.test_every", self.test_every, "an integer >= 1")
         check(self.test_size >= 2, f"{p}.test_size", self.test_size, "an integer >= 2 (an FID needs 2)")
         check(0 < self.gamma <= 1, f"{p}.gamma", self.gamma, "a number in (0, 1]")
@@ -197,44 +197,28 @@ class QuickTest:
 
 
 # -- the server step on A -----------------------------------------------------------------------------
-def require_ctx(ctx: Any, keys: tuple[str, ...], who: str) -> Mapping[str, Any]:
-    """``ctx`` as a mapping with ``keys``; otherwise a ValueError naming the first missing key."""
-    if not isinstance(ctx, Mapping):
-        raise ValueError(f"{who} needs ctx, a mapping with keys {', '.join(keys)} "
-                         f"(run_federated(..., ctx=...)); got {type(ctx).__name__}")
-    for key in keys:
-        if key not in ctx:
-            raise ValueError(f"{who} needs ctx[{key!r}]: {CTX_KEYS[key]}")
-    return ctx
+def uses_labels(task: Any) -> bool:
+    """Whether the task trains on labels (a classifier, a class-conditional DDPM)."""
+    return getattr(task, "name", "") == "classification" or bool(getattr(task, "conditional", False))
 
 
-def check_aux(task: Any, aux: Any, who: str) -> ClientData:
-    """A must be a non-empty ClientData, labelled when the task trains on labels."""
-    if not isinstance(aux, ClientData):
-        raise ValueError(f"{who}: ctx['aux'] must be a fedpipe.data.ClientData, got {type(aux).__name__}")
-    if len(aux) == 0:
-        raise ValueError(f"{who}: the auxiliary set ctx['aux'] is empty")
-    uses_labels = getattr(task, "name", "") == "classification" or bool(getattr(task, "conditional", False))
-    if uses_labels and bool((aux.y < 0).any()):
-        raise ValueError(f"{who}: the auxiliary set is unlabelled (labels -1) but the task "
-                         f"{getattr(task, 'name', type(task).__name__)!r} trains on labels; generate a "
-                         f"labelled set (a class-conditional DDPM) or use an unconditional diffusion task")
-    return aux
+def aux_of(strategy: Strategy, rnd: RoundInfo) -> ClientData:
+    """A, the round's server data: non-empty, labelled when the task trains on labels."""
+    return require_server_data(rnd, strategy.name, labelled=uses_labels(strategy.task))
 
 
 def server_train(strategy: Strategy, weights: Weights, aux: ClientData, epochs: int, lr: float,
-                 optimizer: str, batch_size: int, seed: int, round_: int
+                 optimizer: str, batch_size: int, rnd: RoundInfo
                  ) -> tuple[Weights, dict[str, float]]:
     """``epochs`` epochs of the task loss on A from ``weights`` (Alg. 1 lines 8-11, Alg. 2 lines 7-9):
-    ``local_train`` with the ``(seed, "server-update", round_)`` generator. Returns fresh weights
+    ``local_train`` with the ``(seed, "server-update", round)`` generator. Returns fresh weights
     (never tensors of ``weights``) and local_train's metrics; a non-finite loss is a DivergenceError."""
     cfg = LocalTrainConfig(epochs=epochs, batch_size=batch_size, optimizer=optimizer, lr=lr,
                            grad_clip=strategy.local.grad_clip)
     model = strategy.scratch_model(weights)  # copies of the weights: the input is not trained
-    metrics = local_train(model, aux, strategy.task, cfg, round_,
-                          torch_generator(seed, "server-update", round_))
+    metrics = local_train(model, aux, strategy.task, cfg, rnd.index, rnd.generator("server-update"))
     if not math.isfinite(metrics["loss"]):
-        raise DivergenceError(f"diverged: round {round_ + 1}, {strategy.name} server training on the "
+        raise DivergenceError(f"diverged: round {rnd.index + 1}, {strategy.name} server training on the "
                               f"auxiliary set: non-finite loss ({metrics['loss']}); lower its lr")
     return strategy.scratch_weights(), metrics
 
@@ -255,12 +239,11 @@ class FedDDPM(Strategy):
     def init_server(self, model: nn.Module) -> ServerState:
         return ServerState(weights=clone(model.state_dict()), meta={"server_steps": 0})
 
-    def server_update(self, state: ServerState, round_: int, ctx: Any = None) -> ServerState:
-        ctx = require_ctx(ctx, ("aux", "seed"), self.name)
-        aux = check_aux(self.task, ctx["aux"], self.name)
+    def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        aux = aux_of(self, rnd)
         c = self.cfg
         weights, metrics = server_train(self, state.weights, aux, c.server_epochs, c.server_lr,
-                                        c.server_optimizer, c.server_batch_size, int(ctx["seed"]), round_)
+                                        c.server_optimizer, c.server_batch_size, rnd)
         return ServerState(weights, state.extra, with_server_steps(state.meta, metrics))
 
 
@@ -281,18 +264,19 @@ class FedDDPMPlus(Strategy):
         2 test_every, ..."""
         return (round_ + 1) % self.cfg.test_every == 0
 
-    def server_update(self, state: ServerState, round_: int, ctx: Any = None) -> ServerState:
-        ctx = require_ctx(ctx, ("aux", "seed", "rounds", "quick_fid"), self.name)
-        aux = check_aux(self.task, ctx["aux"], self.name)
+    def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        aux = aux_of(self, rnd)
+        if rnd.score is None:
+            raise ValueError(f"{self.name} needs the pipeline's model score for QuickTest: "
+                             f"run_federated(..., score=score(model, n, generator) -> FID)")
         meta = state.meta
         if meta.get("stopped_at") is not None or meta.get("corrected_at") is not None:
             return state  # training is over: never a second correction
-        seed, c = int(ctx["seed"]), self.cfg
+        c, round_ = self.cfg, rnd.index
         fired = False
         if self.is_test_round(round_):  # Alg. 2 line 10: QuickTest(w_{t+1})
             quick = QuickTest(c.gamma, c.threshold, meta.get("quicktest_ema"))
-            score = ctx["quick_fid"](self.global_model(state), c.test_size,
-                                     torch_generator(seed, "quicktest", round_))
+            score = rnd.score(self.global_model(state), c.test_size, rnd.generator("quicktest"))
             fired = quick(score)
             entry = quick.trace[-1]
             trace = [*meta.get("quicktest", []), {"round": round_ + 1, "score": entry.score,
@@ -301,14 +285,14 @@ class FedDDPMPlus(Strategy):
             log.info("QuickTest after round %d: FID %.4f, EMA before %s: %s", round_ + 1, entry.score,
                      "none" if entry.ema_before is None else f"{entry.ema_before:.4f}",
                      "fired" if fired else "continue")
-        last = round_ + 1 >= int(ctx["rounds"])
+        last = round_ + 1 >= rnd.total
         if not (fired or (last and c.correct_if_no_trigger)):
             return ServerState(state.weights, state.extra, meta) if meta is not state.meta else state
         # Alg. 2 lines 7-10: one correction on A at lr zeta, then stop
         log.info("%s: correction on the auxiliary set after round %d (%d epochs, %s)", self.name,
                  round_ + 1, c.correction_epochs, "QuickTest fired" if fired else "last round")
         weights, metrics = server_train(self, state.weights, aux, c.correction_epochs, c.correction_lr,
-                                        c.server_optimizer, c.server_batch_size, seed, round_)
+                                        c.server_optimizer, c.server_batch_size, rnd)
         meta = {**with_server_steps(meta, metrics), "corrected_at": round_ + 1}
         if fired:
             meta["stopped_at"] = round_ + 1

@@ -30,7 +30,6 @@ Implementation choices (documented, not in the paper):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,13 +43,11 @@ from fedpipe.fl.state import (
     Payload,
     ServerState,
     clone,
-    prefixed,
     read,
     sum_of,
     trainable,
-    unprefixed,
 )
-from fedpipe.fl.strategy import ClientState, Strategy, check_num_clients
+from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy, check_num_clients
 from fedpipe.tasks import Batch
 
 
@@ -71,7 +68,7 @@ class FedDyn(Strategy):
 
     def init_server(self, model: nn.Module) -> ServerState:
         h = {n: torch.zeros_like(p.detach()) for n, p in trainable(model).items()}
-        return ServerState(weights=clone(model.state_dict()), extra=prefixed("h.", h))
+        return ServerState(weights=clone(model.state_dict()), extra={"h": h})
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
@@ -80,7 +77,7 @@ class FedDyn(Strategy):
         model = self.scratch_model(payload.weights)
         params = trainable(model)
         theta_prev = {n: payload.weights[n] for n in params}  # theta^{t-1}
-        g_k = read(client_state, "grad.", params)  # grad L_k(theta_k^{t-1})
+        g_k = read(client_state.get("grad"), params)  # grad L_k(theta_k^{t-1})
 
         def local_objective(m: nn.Module, batch: Batch) -> torch.Tensor:
             # (a): L_k(theta) - <g_k, theta> + alpha/2 ||theta - theta^{t-1}||^2
@@ -93,14 +90,15 @@ class FedDyn(Strategy):
         theta_k = clone(model.state_dict())
         g_k_new = {n: g_k[n] - alpha * (theta_k[n] - theta_prev[n]) for n in params}  # (b)
         update = ClientUpdate(client_id, len(data), theta_k, metrics=metrics)
-        return update, prefixed("grad.", g_k_new), metrics
+        return update, {"grad": g_k_new}, metrics
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        updates = rnd.updates
         check_num_clients(self, updates)
         alpha, theta_prev = self.cfg.alpha, state.weights
-        h = unprefixed("h.", state.extra)
+        h = state.extra["h"]
         drift = {n: sum_of([u.weights[n] - theta_prev[n] for u in updates]) for n in h}
         h_new = {n: h[n] - alpha / self.num_clients * drift[n] for n in h}  # (c)
         theta = self.average(updates)
         theta |= {n: theta[n] - h_new[n] / alpha for n in h}  # (d)
-        return ServerState(weights=theta, extra=prefixed("h.", h_new), meta=state.meta)
+        return ServerState(weights=theta, extra={"h": h_new}, meta=state.meta)

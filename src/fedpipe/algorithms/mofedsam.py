@@ -36,7 +36,6 @@ Implementation choices (documented, not in the paper):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,12 +50,10 @@ from fedpipe.fl.state import (
     Payload,
     ServerState,
     clone,
-    prefixed,
     read,
     trainable,
-    unprefixed,
 )
-from fedpipe.fl.strategy import ClientState, Strategy
+from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy
 from fedpipe.tasks import Batch
 
 SAM_EPS = 1e-12
@@ -117,10 +114,11 @@ class MoFedSAM(Strategy):
 
     def init_server(self, model: nn.Module) -> ServerState:
         delta = {n: torch.zeros_like(p.detach()) for n, p in trainable(model).items()}
-        return ServerState(weights=clone(model.state_dict()), extra=prefixed("delta.", delta))
+        return ServerState(weights=clone(model.state_dict()), extra={"delta": delta})
 
-    def payload(self, state: ServerState, round_: int) -> Payload:
-        return Payload(round=round_, weights=state.weights, extra=state.extra)  # x^r and Delta^r
+    def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
+        return Payload(round=round_, weights=state.weights, extra=state.extra,  # x^r and Delta^r
+                       client_id=client_id)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
@@ -128,7 +126,7 @@ class MoFedSAM(Strategy):
         x, alpha = payload.weights, self.cfg.alpha
         model = self.scratch_model(x)
         params = trainable(model)
-        momentum = {n: (1 - alpha) * d for n, d in read(payload.extra, "delta.", params).items()}
+        momentum = {n: (1 - alpha) * d for n, d in read(payload.extra.get("delta"), params).items()}
 
         def loss_fn(m: nn.Module, batch: Batch) -> torch.Tensor:
             return self.task.loss(m, batch, gen)
@@ -146,11 +144,12 @@ class MoFedSAM(Strategy):
         steps, lr = metrics["steps"], self.local.lr_at(payload.round)
         delta_i = {n: (x[n] - x_i[n]) / (steps * lr) if steps else torch.zeros_like(x[n])
                    for n in params}
-        update = ClientUpdate(client_id, len(data), x_i, extra=prefixed("delta.", delta_i),
+        update = ClientUpdate(client_id, len(data), x_i, extra={"delta": delta_i},
                               metrics=metrics)
         return update, client_state, metrics
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        updates = rnd.updates
         x = server_step(state.weights, self.average(updates), self.cfg.global_lr)
-        delta = self.average(updates, [unprefixed("delta.", u.extra) for u in updates])
-        return ServerState(weights=x, extra=prefixed("delta.", delta), meta=state.meta)
+        delta = self.average(updates, [u.extra["delta"] for u in updates])
+        return ServerState(weights=x, extra={"delta": delta}, meta=state.meta)

@@ -34,7 +34,6 @@ state-dict helpers below are shared by the other algorithm modules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,13 +49,11 @@ from fedpipe.fl.state import (
     Weights,
     clone,
     is_float,
-    prefixed,
     read,
     sum_over_clients,
     trainable,
-    unprefixed,
 )
-from fedpipe.fl.strategy import ClientState, Strategy, check_num_clients
+from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy, check_num_clients
 
 
 @dataclass(frozen=True)
@@ -99,10 +96,11 @@ class Scaffold(Strategy):
 
     def init_server(self, model: nn.Module) -> ServerState:
         c = {n: torch.zeros_like(p.detach()) for n, p in trainable(model).items()}
-        return ServerState(weights=clone(model.state_dict()), extra=prefixed("c.", c))
+        return ServerState(weights=clone(model.state_dict()), extra={"c": c})
 
-    def payload(self, state: ServerState, round_: int) -> Payload:
-        return Payload(round=round_, weights=state.weights, extra=state.extra)  # x and c
+    def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
+        return Payload(round=round_, weights=state.weights, extra=state.extra,  # x and c
+                       client_id=client_id)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
@@ -110,8 +108,8 @@ class Scaffold(Strategy):
         x = payload.weights
         model = self.scratch_model(x)  # y_i <- x
         params = trainable(model)
-        c = read(payload.extra, "c.", params)
-        c_i = read(client_state, "c_i.", params)
+        c = read(payload.extra.get("c"), params)
+        c_i = read(client_state.get("c_i"), params)
         correction = {n: c[n] - c_i[n] for n in params}  # fixed during the round
 
         def grad_hook(m: nn.Module) -> None:
@@ -123,14 +121,15 @@ class Scaffold(Strategy):
         c_i_new = option2_control_variate(c_i, c, x, y, metrics["steps"],  # line 12
                                           self.local.lr_at(payload.round))
         dc = {n: c_i_new[n] - c_i[n] for n in params}
-        update = ClientUpdate(client_id, len(data), y, extra=prefixed("dc.", dc), metrics=metrics)
-        return update, prefixed("c_i.", c_i_new), metrics
+        update = ClientUpdate(client_id, len(data), y, extra={"dc": dc}, metrics=metrics)
+        return update, {"c_i": c_i_new}, metrics
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
+    def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        updates = rnd.updates
         check_num_clients(self, updates)
         y_avg = self.average(updates)
         x = server_step(state.weights, y_avg, self.cfg.global_lr)  # lines 16-17: x + eta_g dx
-        dc_sum = sum_over_clients(updates, "dc.")
-        c = unprefixed("c.", state.extra)
+        dc_sum = sum_over_clients(updates, "dc")
+        c = state.extra["c"]
         c_new = {n: c[n] + dc_sum[n] / self.num_clients for n in c}  # line 17: c + |S|/N dc
-        return ServerState(weights=x, extra=prefixed("c.", c_new), meta=state.meta)
+        return ServerState(weights=x, extra={"c": c_new}, meta=state.meta)

@@ -109,24 +109,23 @@ def model_config(data: dict[str, Any] | None, prefix: str = "model") -> ModelCon
 @dataclass(frozen=True)
 class StudyConfig:
     """The algorithms compared by the pipeline: ``algorithms`` on the classification track (one
-    ``federate@<name>`` stage each), ``diffusion_algorithms`` on the diffusion track (one
-    ``federate_ddpm@<name>-<seed>`` stage per algorithm and training seed of ``seeds``; the report
-    gives mean +- std over the seeds). ``calibrated_algorithms``: classification-track algorithms that
-    calibrate on the labelled auxiliary set (FedDDPM applied to classifiers, which needs
-    ``diffusion.conditional: true``); one ``federate_aux@<name>`` stage each, evaluated with the
-    others. ``paper_reference`` (e.g. ``mnist/15_shard``) prints that column of the FedDDPM paper's
+    ``federate@<name>-<seed>`` stage per algorithm and training seed of ``seeds``),
+    ``diffusion_algorithms`` on the diffusion track (one ``federate_ddpm@<name>-<seed>`` stage each);
+    the evaluation and the report give mean +- std over the seeds, and the claims are judged over
+    them. A classification algorithm that declares server data (FedDDPM: the auxiliary set, which
+    must then be labelled: ``diffusion.conditional: true``) gets it from the ``server_data`` stage.
+    ``paper_reference`` (e.g. ``mnist/15_shard``) prints that column of the FedDDPM paper's
     Tables I-III beside our numbers in the report."""
 
     name: str = "default"
     algorithms: list[str] = field(default_factory=lambda: ["fedavg"])
     diffusion_algorithms: list[str] = field(default_factory=list)
-    calibrated_algorithms: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0])
     paper_reference: str | None = None
 
     def validate(self, p: str) -> None:
         check(len(self.algorithms) >= 1, f"{p}.algorithms", self.algorithms, "a non-empty list")
-        for key in ("algorithms", "diffusion_algorithms", "calibrated_algorithms"):
+        for key in ("algorithms", "diffusion_algorithms"):
             names = getattr(self, key)
             check(len(set(names)) == len(names), f"{p}.{key}", names, "a list without duplicates")
         check(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds)

@@ -1,6 +1,7 @@
 """FL engine: *how* rounds run (strategy hooks, executors, round loop, checkpoints)."""
 
 from fedpipe.fl.engine import (
+    ClientStore,
     DivergenceError,
     RunResult,
     SerialExecutor,
@@ -10,10 +11,20 @@ from fedpipe.fl.engine import (
     save_checkpoint,
 )
 from fedpipe.fl.local import local_train
-from fedpipe.fl.state import ClientUpdate, Payload, ServerState, clone, weighted_average
-from fedpipe.fl.strategy import NoConfig, Strategy
+from fedpipe.fl.state import ClientState, ClientUpdate, Payload, ServerState, clone, weighted_average
+from fedpipe.fl.strategy import (
+    SERVER_DATA_KINDS,
+    NoConfig,
+    RoundInfo,
+    ServerData,
+    Strategy,
+    require_server_data,
+)
 
 __all__ = [
+    "SERVER_DATA_KINDS",
+    "ClientState",
+    "ClientStore",
     "DivergenceError",
     "RunResult",
     "SerialExecutor",
@@ -24,8 +35,11 @@ __all__ = [
     "local_train",
     "ClientUpdate",
     "Payload",
+    "RoundInfo",
+    "ServerData",
     "ServerState",
     "clone",
+    "require_server_data",
     "weighted_average",
     "NoConfig",
     "Strategy",

@@ -1,15 +1,35 @@
-"""The round loop (*how* rounds run): client sampling, per-client state, executors, evaluation,
-checkpoints, resume, and the divergence guard.
+"""The round loop (*how* rounds run): client selection, per-client payloads and state, executors,
+evaluation (global and personal models), checkpoints, resume, and the divergence guard.
 
-Random streams: ``(seed, "client-sampling", round)`` picks the round's clients;
-``(seed, "client-update", round, client_id)`` seeds a client's local training. So results do not
-depend on the order in which clients run, and a resumed run replays exactly the rounds it missed.
+One round (round protocol v2, docs/architecture.md):
+
+1. ``strategy.select_clients(state, r, available, n, rng, probe)`` with ``rng`` the stream
+   ``(seed, "client-sampling", r)``; ``probe`` runs ``strategy.probe`` on candidates through the
+   executor (stream ``(seed, "client-probe", r, client)``).
+2. ``strategy.payload(state, r, client)`` for each selected client.
+3. The executor runs ``strategy.client_update`` for each (stream ``(seed, "client-update", r,
+   client)``); updates come back sorted by client id, and the client states are stored.
+4. ``strategy.aggregate(state, rnd)`` and ``strategy.server_update(state, rnd)`` with ``rnd`` a
+   :class:`~fedpipe.fl.strategy.RoundInfo` (round, seed, updates, server data, score).
+5. Every ``fl.eval_every`` rounds: ``evaluate(state, personal)``, ``personal`` being each client's
+   own model (``strategy.personalized_model``, stream ``(seed, "personalize", r, client)``) for a
+   method that has them.
+
+So results do not depend on the order in which clients run, and a resumed run replays exactly the
+rounds it missed.
+
+Checkpoints: ``<dir>/server.safetensors`` (server weights and groups, history, the client manifest)
+and one file per client and version, ``<dir>/clients/<id>-r<round>.safetensors``, written before the
+server file that names them (each atomically); files the manifest does not name are removed after.
+A killed run therefore always resumes from a consistent set, and client state is loaded only when
+that client is needed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,45 +42,131 @@ from tqdm.auto import tqdm
 
 from fedpipe.config.fl import FLConfig
 from fedpipe.data import ClientData
-from fedpipe.fl.state import ClientUpdate, ServerState, all_finite
-from fedpipe.fl.strategy import ClientState, Strategy
+from fedpipe.errors import DivergenceError
+from fedpipe.fl.state import (
+    ClientState,
+    ClientUpdate,
+    ServerState,
+    Weights,
+    all_finite,
+    flatten_groups,
+    unflatten_groups,
+)
+from fedpipe.fl.strategy import RoundInfo, Score, ServerData, Strategy, uniform_selection
 from fedpipe.io import save_tensors
 from fedpipe.rng import numpy_rng, torch_generator
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint.safetensors"
+SERVER_FILE = "server.safetensors"
+CLIENTS_DIR = "clients"
 
-
-class DivergenceError(RuntimeError):
-    """A non-finite loss or update (message names the round and client)."""
+Evaluate = Callable[[ServerState, dict[int, Weights] | None], dict[str, Any]]
 
 
 def sample_clients(num_clients: int, per_round: int, seed: int, round_: int) -> list[int]:
-    """``per_round`` distinct clients for round ``round_``, sorted by id."""
-    if per_round >= num_clients:
-        return list(range(num_clients))
-    rng = numpy_rng(seed, "client-sampling", round_)
-    return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))
+    """The default selection of round ``round_``: ``per_round`` distinct clients, sorted by id."""
+    return uniform_selection(range(num_clients), per_round,
+                             numpy_rng(seed, "client-sampling", round_))
+
+
+# -- executors ---------------------------------------------------------------------------------
+Job = tuple[int, ClientState, ClientData]
 
 
 class Executor(Protocol):
-    def run(self, strategy: Strategy, payload, jobs: Sequence[tuple[int, ClientState, ClientData]],
+    def run(self, strategy: Strategy, payloads: dict[int, Any], jobs: Sequence[Job],
             seed: int) -> list[tuple[ClientUpdate, ClientState, dict[str, float]]]: ...
+
+    def probe(self, strategy: Strategy, payloads: dict[int, Any], jobs: Sequence[Job],
+              seed: int) -> dict[int, dict[str, float]]: ...
 
 
 class SerialExecutor:
-    """Runs the round's client updates one after another, in client-id order (deterministic)."""
+    """Runs the round's client work one client after another, in client-id order (deterministic)."""
 
-    def run(self, strategy, payload, jobs, seed):
+    def run(self, strategy, payloads, jobs, seed):
         out = []
         for cid, cstate, data in jobs:
-            gen = torch_generator(seed, "client-update", payload.round, cid)
-            out.append(strategy.client_update(payload, cstate, data, gen, cid))
+            p = payloads[cid]
+            gen = torch_generator(seed, "client-update", p.round, cid)
+            out.append(strategy.client_update(p, cstate, data, gen, cid))
+        return out
+
+    def probe(self, strategy, payloads, jobs, seed):
+        out = {}
+        for cid, cstate, data in jobs:
+            p = payloads[cid]
+            out[cid] = strategy.probe(p, cstate, data, torch_generator(seed, "client-probe",
+                                                                         p.round, cid), cid)
         return out
 
 
 EXECUTORS: dict[str, Callable[[], Executor]] = {"serial": SerialExecutor}
+
+
+# -- per-client state ------------------------------------------------------------------------
+class ClientStore:
+    """Per-client state: ``get`` / ``put`` by client id. With a ``directory``, :meth:`save` writes
+    the states changed since the last save as one file per client (``<id>-r<round>``) and returns
+    the manifest {client id: file name}; :meth:`load` reads a manifest and loads each client's file
+    only when that client is first asked for."""
+
+    def __init__(self, directory: Path | None = None):
+        self.directory = directory
+        self.states: dict[int, ClientState] = {}
+        self.files: dict[int, str] = {}  # saved version of each client
+        self.dirty: set[int] = set()
+
+    def __contains__(self, cid: int) -> bool:
+        return cid in self.states or cid in self.files
+
+    def ids(self) -> list[int]:
+        return sorted(set(self.states) | set(self.files))
+
+    def get(self, cid: int) -> ClientState:
+        if cid not in self.states and cid in self.files:
+            name = self.files[cid]  # "" = an empty state (nothing written)
+            self.states[cid] = read_client_file(self.directory / name) if name else {}
+        return self.states[cid]
+
+    def put(self, cid: int, state: ClientState) -> None:
+        self.states[cid] = state
+        self.dirty.add(cid)
+
+    def all(self) -> dict[int, ClientState]:
+        return {cid: self.get(cid) for cid in self.ids()}
+
+    def save(self, round_done: int) -> dict[int, str]:
+        assert self.directory is not None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for cid in sorted(self.dirty):
+            if not any(self.states[cid].values()):
+                self.files[cid] = ""
+                continue
+            name = f"{cid}-r{round_done}.safetensors"
+            save_tensors(self.directory / name, flatten_groups(self.states[cid]),
+                         {"fedpipe.client": json.dumps({"client": cid, "round": round_done})})
+            self.files[cid] = name
+        self.dirty.clear()
+        return dict(self.files)
+
+    def load(self, manifest: dict[int, str]) -> None:
+        self.states, self.files, self.dirty = {}, dict(manifest), set()
+
+    def prune(self) -> None:
+        """Remove client files that the manifest does not name (older versions, killed saves)."""
+        if self.directory is None or not self.directory.is_dir():
+            return
+        keep = set(self.files.values())
+        for f in self.directory.iterdir():
+            if re.fullmatch(r"\d+-r\d+\.safetensors", f.name) and f.name not in keep:
+                f.unlink()
+
+
+def read_client_file(path: Path) -> ClientState:
+    with safe_open(str(path), framework="pt") as f:
+        return unflatten_groups({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
 
 
 @dataclass
@@ -70,37 +176,35 @@ class RunResult:
     history: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int = 0
     rounds_done: int = 0
+    client_history: list[dict[str, Any]] = field(default_factory=list)
+    """Per-client evaluation rows: {"round", "client", <metric>: value} every eval round."""
+    personal: dict[int, Weights] | None = None
+    """Each client's own model after the last round (methods with personal models)."""
 
 
 # -- checkpoints -------------------------------------------------------------------------------
-def save_checkpoint(path: Path, round_done: int, state: ServerState,
-                    client_states: dict[int, ClientState], history: list[dict],
-                    fingerprint: str) -> None:
-    """One safetensors file (atomic): server weights/extra, client states, and JSON metadata."""
-    tensors = {f"server.w.{k}": v for k, v in state.weights.items()}
-    tensors |= {f"server.x.{k}": v for k, v in state.extra.items()}
-    for cid, cs in client_states.items():
-        tensors |= {f"client.{cid}.{k}": v for k, v in cs.items()}
+def save_checkpoint(directory: Path, round_done: int, state: ServerState, store: ClientStore,
+                    history: list[dict], fingerprint: str,
+                    client_history: list[dict] | None = None) -> None:
+    """Client files first, then the server file naming them (each atomic), then old files go."""
+    manifest = store.save(round_done)
+    tensors = {f"w/{k}": v for k, v in state.weights.items()} | flatten_groups(state.extra, "x/")
     meta = {"round": round_done, "history": history, "fingerprint": fingerprint,
-            "server_meta": state.meta, "clients": sorted(client_states)}
-    save_tensors(path, tensors, {"fedpipe.checkpoint": json.dumps(meta)})
+            "server_meta": state.meta, "clients": {str(c): f for c, f in manifest.items()},
+            "client_history": client_history or []}
+    save_tensors(directory / SERVER_FILE, tensors, {"fedpipe.checkpoint": json.dumps(meta)})
+    store.prune()
 
 
-def load_checkpoint(path: Path) -> tuple[dict, ServerState, dict[int, ClientState]]:
-    with safe_open(str(path), framework="pt") as f:
+def load_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore]:
+    with safe_open(str(directory / SERVER_FILE), framework="pt") as f:
         meta = json.loads(f.metadata()["fedpipe.checkpoint"])
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-    weights, extra = {}, {}
-    clients: dict[int, ClientState] = {int(c): {} for c in meta["clients"]}
-    for k, v in tensors.items():
-        kind, rest = k.split(".", 1)
-        if kind == "server":
-            sub, name = rest.split(".", 1)
-            (weights if sub == "w" else extra)[name] = v
-        else:
-            cid, name = rest.split(".", 1)
-            clients[int(cid)][name] = v
-    return meta, ServerState(weights, extra, meta["server_meta"]), clients
+    weights = {k[2:]: v for k, v in tensors.items() if k.startswith("w/")}
+    state = ServerState(weights, unflatten_groups(tensors, "x/"), meta["server_meta"])
+    store = ClientStore(directory / CLIENTS_DIR)
+    store.load({int(c): f for c, f in meta["clients"].items()})
+    return meta, state, store
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -114,86 +218,148 @@ def _guard_losses(updates: Sequence[ClientUpdate], round_: int) -> None:
                                   f"fl.local.grad_clip")
 
 
+def _extras_finite(groups: dict[str, Weights]) -> bool:
+    return all(all_finite(g) for g in groups.values())
+
+
 def _guard_state(state: ServerState, updates: Sequence[ClientUpdate], round_: int) -> None:
     """Non-finite update: checked once on the aggregate; only then are the clients scanned to name
     the culprit (one finiteness check per tensor per round instead of per client)."""
-    if all_finite(state.weights) and all_finite(state.extra):
+    if all_finite(state.weights) and _extras_finite(state.extra):
         return
-    bad = [u.client_id for u in updates if not (all_finite(u.weights) and all_finite(u.extra))]
+    bad = [u.client_id for u in updates if not (all_finite(u.weights) and _extras_finite(u.extra))]
     who = f"client {bad[0]}" if bad else "server aggregation"
     raise DivergenceError(f"diverged: round {round_ + 1}, {who}: non-finite model update; "
                           f"lower fl.local.lr or set fl.local.grad_clip")
 
 
+def personal_models(strategy: Strategy, state: ServerState, store: ClientStore,
+                    clients: Sequence[ClientData], seed: int, round_: int) -> dict[int, Weights]:
+    """Every client's own model (a client never selected yet starts from ``init_client``)."""
+    out = {}
+    for cid, data in enumerate(clients):
+        cstate = store.get(cid) if cid in store else strategy.init_client(cid)
+        w = strategy.personalized_model(state, cstate, data,
+                                        torch_generator(seed, "personalize", round_, cid), cid)
+        if w is not None:
+            out[cid] = w
+    return out
+
+
+def _split_record(res: dict[str, Any], round_: int) -> tuple[dict[str, float], list[dict]]:
+    """Scalars for the history; per-client vectors (lists) as rows {round, client, metric...}."""
+    scalars = {k: float(v) for k, v in res.items() if not isinstance(v, list | tuple | np.ndarray)}
+    vectors = {k: list(v) for k, v in res.items() if k not in scalars}
+    rows = []
+    if vectors:
+        n = len(next(iter(vectors.values())))
+        for cid in range(n):
+            rows.append({"round": round_, "client": cid,
+                         **{k: float(v[cid]) for k, v in vectors.items()}})
+    return scalars, rows
+
+
 def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[ClientData],
                   fl: FLConfig, seed: int, *,
-                  evaluate: Callable[[ServerState], dict[str, float]] | None = None,
+                  evaluate: Evaluate | None = None,
                   checkpoint_dir: str | Path | None = None, fingerprint: str = "",
-                  stop_after: int | None = None, ctx: Any = None,
+                  stop_after: int | None = None, server_data: ServerData | None = None,
+                  score: Score | None = None,
                   on_round: Callable[[dict[str, float]], None] | None = None,
                   progress: bool = True) -> RunResult:
     """Run ``fl.rounds`` rounds of ``strategy`` from ``model``'s initial weights.
 
-    With ``checkpoint_dir``, a checkpoint is written every ``fl.checkpoint_every`` rounds and after
-    the last; a checkpoint with the same ``fingerprint`` found there is resumed from. ``stop_after``
-    stops after that many rounds in total (simulates an interruption; used by tests). A strategy ends
-    training early by setting ``state.meta["stopped_at"]`` in a hook (FedDDPM+'s QuickTest): the
-    engine records that round, checkpoints it and stops.
+    ``evaluate(state, personal)`` scores the global model (and, for a method with personal models,
+    ``personal`` = {client: weights}); it returns scalars (into the history, prefixed ``test_``) and
+    per-client lists (into ``client_history``). With ``checkpoint_dir``, a checkpoint is written
+    every ``fl.checkpoint_every`` rounds and after the last; one with the same ``fingerprint`` found
+    there is resumed from. ``stop_after`` stops after that many rounds in total (simulates an
+    interruption; used by tests). A strategy ends training early by setting
+    ``state.meta["stopped_at"]`` in a hook (FedDDPM+'s QuickTest): the engine records that round,
+    checkpoints it and stops. ``server_data`` and ``score`` reach the server hooks in
+    :class:`~fedpipe.fl.strategy.RoundInfo`.
     """
     n = len(clients)
     per_round = fl.clients_per_round(n)
-    ckpt = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
-    start, history = 0, []
+    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    start, history, client_history = 0, [], []
     state = strategy.init_server(model)
-    client_states: dict[int, ClientState] = {}
-    if ckpt is not None and ckpt.is_file():
-        meta, saved_state, saved_clients = load_checkpoint(ckpt)
+    store = ClientStore(ckpt / CLIENTS_DIR if ckpt is not None else None)
+    if ckpt is not None and (ckpt / SERVER_FILE).is_file():
+        meta, saved_state, saved_store = load_checkpoint(ckpt)
         if meta.get("fingerprint") == fingerprint:
             start, history = int(meta["round"]), list(meta["history"])
-            state, client_states = saved_state, saved_clients
+            client_history = list(meta.get("client_history", []))
+            state, store = saved_state, saved_store
             log.info("resuming from checkpoint at round %d", start)
         else:
             log.info("ignoring checkpoint with a different fingerprint (other params or data)")
     executor = EXECUTORS[fl.executor]()
+    available = list(range(n))
+
+    def client_state(cid: int) -> ClientState:
+        if cid not in store:
+            store.put(cid, strategy.init_client(cid))
+        return store.get(cid)
+
+    def probe_for(state_: ServerState, r: int):
+        def probe(candidates: Sequence[int]) -> dict[int, dict[str, float]]:
+            cands = sorted(int(c) for c in candidates)
+            payloads = {c: strategy.payload(state_, r, c) for c in cands}
+            return executor.probe(strategy, payloads,
+                                  [(c, client_state(c), clients[c]) for c in cands], seed)
+        return probe
+
     end = start if state.meta.get("stopped_at") is not None else fl.rounds  # stopped early before
     bar = tqdm(range(start, end), desc=f"{strategy.name}", unit="round",
                initial=start, total=fl.rounds, disable=not progress, leave=False,
                mininterval=1.0)
     rounds_done = start
+    personal, personal_round = None, -1
     for r in bar:
-        selected = sample_clients(n, per_round, seed, r)
-        for cid in selected:
-            if cid not in client_states:
-                client_states[cid] = strategy.init_client(cid)
-        payload = strategy.payload(state, r)
-        results = executor.run(strategy, payload,
-                               [(cid, client_states[cid], clients[cid]) for cid in selected], seed)
-        updates = [u for u, _, _ in results]
+        selected = strategy.select_clients(state, r, available, per_round,
+                                           numpy_rng(seed, "client-sampling", r), probe_for(state, r))
+        selected = sorted(int(c) for c in selected)
+        payloads = {cid: strategy.payload(state, r, cid) for cid in selected}
+        results = executor.run(strategy, payloads,
+                               [(cid, client_state(cid), clients[cid]) for cid in selected], seed)
+        updates = tuple(u for u, _, _ in results)
         _guard_losses(updates, r)
         for cid, (_, cstate, _) in zip(selected, results, strict=True):
-            client_states[cid] = cstate
-        state = strategy.aggregate(state, updates)
+            store.put(cid, cstate)
+        rnd = RoundInfo(index=r, total=fl.rounds, seed=seed, updates=updates,
+                        server_data=server_data, score=score, selected=tuple(selected))
+        state = strategy.aggregate(state, rnd)
         _guard_state(state, updates, r)
-        state = strategy.server_update(state, r, ctx)
+        state = strategy.server_update(state, rnd)
         sizes = np.array([u.num_samples for u in updates], dtype=np.float64)
         losses = np.array([u.metrics.get("loss", np.nan) for u in updates])
         record: dict[str, float] = {"round": float(r + 1),
                                     "train_loss": float((sizes * losses).sum() / sizes.sum()),
                                     "clients": float(len(selected))}
+        stopped = state.meta.get("stopped_at") is not None  # the strategy ended training
+        interrupted = stop_after is not None and r + 1 >= stop_after
         if evaluate is not None and ((r + 1) % fl.eval_every == 0 or r + 1 == fl.rounds):
-            record |= {f"test_{k}": v for k, v in evaluate(state).items()}
+            if strategy.personalizes:
+                personal, personal_round = personal_models(strategy, state, store, clients, seed,
+                                                           r), r + 1
+            scalars, rows = _split_record(evaluate(state, personal if strategy.personalizes
+                                                   else None), r + 1)
+            record |= {f"test_{k}": v for k, v in scalars.items()}
+            client_history += rows
         history.append(record)
         rounds_done = r + 1
         if on_round is not None:
             on_round(record)
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items()
                          if k in ("train_loss", "test_accuracy")})
-        stopped = state.meta.get("stopped_at") is not None  # the strategy ended training
-        interrupted = stop_after is not None and r + 1 >= stop_after
         last = r + 1 == fl.rounds or stopped or interrupted
         if ckpt is not None and ((r + 1) % fl.checkpoint_every == 0 or last):
-            save_checkpoint(ckpt, r + 1, state, client_states, history, fingerprint)
+            save_checkpoint(ckpt, r + 1, state, store, history, fingerprint, client_history)
         if stopped or interrupted:
             break
     bar.close()
-    return RunResult(state, client_states, history, resumed_from=start, rounds_done=rounds_done)
+    if strategy.personalizes and personal_round != rounds_done:
+        personal = personal_models(strategy, state, store, clients, seed, max(rounds_done - 1, 0))
+    return RunResult(state, store.all(), history, resumed_from=start, rounds_done=rounds_done,
+                     client_history=client_history, personal=personal)

@@ -10,35 +10,46 @@ import torch
 from torch import nn
 
 Weights = dict[str, torch.Tensor]
+Groups = dict[str, Weights]
+"""Named groups of tensors: ``{"c": {param name: tensor}, "h": {...}}`` (SCAFFOLD's control variate,
+FedDyn's h, a client's personal model). Algorithm state is always grouped by name, never by string
+prefixes in one flat dict."""
+
+ClientState = Groups
+"""Per-client persistent state (SCAFFOLD's c_i, Ditto's personal model, FedPer's head): named groups
+of tensors, stored per client by the engine (a file per client) and resumed bit for bit."""
 
 
 @dataclass
 class ServerState:
-    """Global model ``weights`` (a state dict), algorithm tensors ``extra`` (SCAFFOLD's c, FedDyn's
-    h, server momentum) and JSON-able ``meta``."""
+    """Global model ``weights`` (a state dict), algorithm tensors ``extra`` (named groups: SCAFFOLD's
+    c, FedDyn's h, server momentum) and JSON-able ``meta``."""
 
     weights: Weights
-    extra: Weights = field(default_factory=dict)
+    extra: Groups = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Payload:
-    """What the server sends to a client in round ``round`` (0-based)."""
+    """What the server sends to client ``client_id`` in round ``round`` (0-based): per client, so a
+    strategy may send each client something of its own (a projected model, a cluster's model)."""
 
     round: int
     weights: Weights
-    extra: Weights = field(default_factory=dict)
+    extra: Groups = field(default_factory=dict)
+    client_id: int = 0
 
 
 @dataclass
 class ClientUpdate:
-    """What a client returns: its new local ``weights``, its sample count, and algorithm tensors."""
+    """What a client returns: its new local ``weights`` (only the shared ones for a method with
+    personal parameters), its sample count, and algorithm tensors as named groups."""
 
     client_id: int
     num_samples: int
     weights: Weights
-    extra: Weights = field(default_factory=dict)
+    extra: Groups = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -124,26 +135,17 @@ def all_finite(w: Weights) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in floats)
 
 
-# -- named tensor groups (algorithms keep several in one flat dict) -----------------------
+# -- named tensor groups ----------------------------------------------------------------
 def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
     """The parameters that local training updates, by state-dict name."""
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def read(tensors: Weights, prefix: str, like: dict[str, torch.Tensor]) -> Weights:
-    """``tensors[prefix + name]`` for each name of ``like``; a missing entry is zero."""
-    return {n: tensors[prefix + n] if prefix + n in tensors else torch.zeros_like(t.detach())
-            for n, t in like.items()}
-
-
-def prefixed(prefix: str, tensors: Weights) -> Weights:
-    """Several named groups share one flat dict (``extra``, client state): ``prefix + name``."""
-    return {prefix + n: t for n, t in tensors.items()}
-
-
-def unprefixed(prefix: str, tensors: Weights) -> Weights:
-    """The group ``prefix`` of a flat dict, by name without the prefix."""
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+def read(group: Weights | None, like: dict[str, torch.Tensor]) -> Weights:
+    """``group[name]`` for each name of ``like``; a missing group or entry is zero (a client's
+    control variate before its first round, say)."""
+    group = group or {}
+    return {n: group[n] if n in group else torch.zeros_like(t.detach()) for n, t in like.items()}
 
 
 def sum_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -154,7 +156,23 @@ def sum_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return acc
 
 
-def sum_over_clients(updates: Sequence[ClientUpdate], prefix: str) -> Weights:
-    """sum_i u_i.extra[prefix + name] over the updates, by name (without the prefix)."""
-    names = unprefixed(prefix, updates[0].extra)
-    return {n: sum_of([u.extra[prefix + n] for u in updates]) for n in names}
+def sum_over_clients(updates: Sequence[ClientUpdate], group: str) -> Weights:
+    """sum_i u_i.extra[group][name] over the updates, by name."""
+    names = updates[0].extra[group]
+    return {n: sum_of([u.extra[group][n] for u in updates]) for n in names}
+
+
+def flatten_groups(groups: Groups, prefix: str = "") -> Weights:
+    """``{"<prefix><group>/<name>": tensor}``: groups as one flat dict for a safetensors file
+    (``/`` never occurs in a state-dict name)."""
+    return {f"{prefix}{g}/{n}": t for g, tensors in groups.items() for n, t in tensors.items()}
+
+
+def unflatten_groups(flat: Weights, prefix: str = "") -> Groups:
+    """The inverse of :func:`flatten_groups` for the keys that start with ``prefix``."""
+    groups: Groups = {}
+    for k, t in flat.items():
+        if k.startswith(prefix):
+            g, n = k[len(prefix):].split("/", 1)
+            groups.setdefault(g, {})[n] = t
+    return groups

@@ -1,23 +1,36 @@
-"""The Strategy: the hooks of one round (see docs/architecture.md). The base class is FedAvg
-(McMahan et al. 2017): clients run local SGD from the global weights; the server averages them.
+"""The Strategy: the hooks of one round (round protocol v2; see docs/architecture.md). The base class
+is FedAvg (McMahan et al. 2017): clients run local SGD from the global weights; the server averages.
 
-Hooks:
-- ``init_server(model) -> ServerState`` and ``init_client(client_id) -> client_state`` (a dict of
-  tensors the engine keeps per client and checkpoints);
-- ``payload(server_state, round) -> Payload`` (what is sent to clients);
-- ``client_update(payload, client_state, data, gen) -> (ClientUpdate, client_state, metrics)``: pure;
-  its only randomness is ``gen``;
-- ``aggregate(server_state, updates) -> ServerState`` (updates sorted by client id);
-- ``server_update(server_state, round, ctx) -> ServerState`` (optional server work);
-- ``personalized_model(server_state, client_state)`` (optional).
+Every hook is a function of explicit inputs (as Flower's strategy hooks are), so any executor can run
+the client side:
+
+- ``init_server(model) -> ServerState`` and ``init_client(client_id) -> ClientState`` (named groups of
+  tensors, stored per client by the engine);
+- ``select_clients(state, round_, available, per_round, rng, probe) -> list[int]``: the round's
+  clients. Default: uniform without replacement from ``rng`` (the round's ``client-sampling``
+  stream). ``probe(candidates) -> {client_id: metrics}`` asks candidates for cheap information
+  (:meth:`probe`, run through the executor; power-of-choice asks for their local loss);
+- ``payload(state, round_, client_id) -> Payload``: what each client receives;
+- ``client_update(payload, client_state, data, gen, client_id) -> (update, client_state, metrics)``:
+  pure; its only randomness is ``gen``;
+- ``aggregate(state, rnd) -> ServerState`` and ``server_update(state, rnd) -> ServerState``: ``rnd``
+  (:class:`RoundInfo`) carries the round, the run's seed (seeded generators), the round's updates
+  sorted by client id, the typed server data (:class:`ServerData`) the method declared, and the
+  pipeline's model score (FedDDPM+'s QuickTest);
+- personalization: ``personal_keys(model)`` names the personal entries of the state dict (by module:
+  ``personal_modules = ("head",)`` for FedPer); the base class then keeps them in each client's state,
+  trains them with the shared ones, uploads and averages only the shared ones.
+  ``personalized_model(state, client_state, data, gen, client_id)`` gives a client's own model for
+  evaluation (and may fine-tune it: FedAvg+FT), or None for a method without personal models.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -25,6 +38,7 @@ from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
 from fedpipe.fl.local import fix_parameters, local_train
 from fedpipe.fl.state import (
+    ClientState,
     ClientUpdate,
     Payload,
     ServerState,
@@ -35,8 +49,48 @@ from fedpipe.fl.state import (
     repeated_names,
     weighted_average,
 )
+from fedpipe.rng import torch_generator
 
-ClientState = dict[str, torch.Tensor]
+Probe = Callable[[Sequence[int]], dict[int, dict[str, float]]]
+Score = Callable[[nn.Module, int, torch.Generator], float]
+
+SERVER_DATA_KINDS = ("none", "aux", "distill")
+"""What a method may ask the pipeline for (its config's ``server_data`` field):
+``aux`` the auxiliary set the diffusion track generates (labelled when the warm-up is class-
+conditional; a task that trains on labels needs it labelled), ``distill`` an unlabelled set for
+server-side distillation (by default the same generated set, labels dropped)."""
+
+
+@dataclass(frozen=True)
+class ServerData:
+    """Typed data the server holds: ``kind`` (one of :data:`SERVER_DATA_KINDS`), the samples as
+    :class:`ClientData` (labels -1 when unlabelled) and where they came from (for lineage)."""
+
+    kind: str
+    data: ClientData
+    labelled: bool
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """What the server-side hooks see of a round.
+
+    ``index`` is 0-based, ``total`` is ``fl.rounds``; ``updates`` are the round's client updates
+    sorted by client id; ``server_data`` is what the method declared (None otherwise); ``score`` is
+    the pipeline's quality score of a model (the FID of ``n`` samples, on the diffusion track)."""
+
+    index: int
+    total: int
+    seed: int
+    updates: tuple[ClientUpdate, ...] = ()
+    server_data: ServerData | None = None
+    score: Score | None = None
+    selected: tuple[int, ...] = field(default_factory=tuple)
+
+    def generator(self, purpose: str = "server-update") -> torch.Generator:
+        """The seeded stream ``(seed, purpose, round)`` for the server's randomness."""
+        return torch_generator(self.seed, purpose, self.index)
 
 
 @dataclass(frozen=True)
@@ -50,11 +104,29 @@ def check_num_clients(strategy: Strategy, updates: Sequence[ClientUpdate]) -> No
                          f"{len(updates)} clients of this round; pass the total number of clients")
 
 
+def uniform_selection(available: Sequence[int], per_round: int, rng: np.random.Generator
+                      ) -> list[int]:
+    """``per_round`` distinct clients of ``available``, uniformly without replacement, sorted by id
+    (all of them, with no draw, when ``per_round >= len(available)``)."""
+    if per_round >= len(available):
+        return sorted(available)
+    picked = rng.choice(len(available), size=per_round, replace=False)
+    return sorted(int(available[int(i)]) for i in picked)
+
+
+def module_keys(model: nn.Module, prefixes: Sequence[str]) -> set[str]:
+    """The state-dict names under the modules ``prefixes`` (``""`` = the whole model)."""
+    names = model.state_dict().keys()
+    return {k for k in names for p in prefixes if p == "" or k == p or k.startswith(p + ".")}
+
+
 class Strategy:
     """FedAvg; other algorithms override the hooks they change."""
 
     name = "fedavg"
     config_class: type = NoConfig
+    personal_modules: tuple[str, ...] = ()
+    """Modules whose parameters (and buffers) stay on each client (FedPer: ``("head",)``)."""
 
     def __init__(self, task, model_fn: Callable[[], nn.Module], local: LocalTrainConfig,
                  cfg: Any = None, aggregation: str = "weighted", num_clients: int = 1):
@@ -65,16 +137,44 @@ class Strategy:
         self.aggregation = aggregation
         self.num_clients = num_clients
         self._scratch: nn.Module | None = None  # working copy for local training
+        self._personal: frozenset[str] | None = None
+
+    # -- declarations ----------------------------------------------------------------------------
+    @classmethod
+    def server_data_kind(cls, cfg: Any) -> str:
+        """The server data this method needs with config ``cfg`` (its ``server_data`` field;
+        ``none`` for a method without one)."""
+        return getattr(cfg, "server_data", "none")
+
+    def personal_keys(self, model: nn.Module) -> set[str]:
+        """The state-dict names that are personal (kept per client, never averaged)."""
+        return module_keys(model, self.personal_modules)
+
+    @property
+    def personal(self) -> frozenset[str]:
+        if self._personal is None:
+            self._personal = frozenset(self.personal_keys(self.scratch_model_instance()))
+        return self._personal
+
+    @property
+    def personalizes(self) -> bool:
+        """Whether clients have models of their own (then the engine evaluates them too): methods
+        with personal entries, and methods that override :meth:`personalized_model`."""
+        return bool(self.personal) or type(self).personalized_model is not Strategy.personalized_model
 
     # -- helpers -------------------------------------------------------------------------------
-    def scratch_model(self, weights: Weights) -> nn.Module:
-        """A model holding copies of ``weights``: a reused working instance, given new tensors on each
-        call (see :func:`load_weights`), so tensors taken from it earlier never change."""
+    def scratch_model_instance(self) -> nn.Module:
         if self._scratch is None:
             self._scratch = self.model_fn()
             fix_parameters(self._scratch)
             self._slots = self._scratch.state_dict(keep_vars=True)
             self._tied = repeated_names(self._slots)
+        return self._scratch
+
+    def scratch_model(self, weights: Weights) -> nn.Module:
+        """A model holding copies of ``weights``: a reused working instance, given new tensors on each
+        call (see :func:`load_weights`), so tensors taken from it earlier never change."""
+        self.scratch_model_instance()
         self._held = load_weights(self._slots, weights)
         return self._scratch
 
@@ -88,10 +188,14 @@ class Strategy:
             weights[k] = weights[k].clone()
         return weights
 
-    def global_model(self, state: ServerState) -> nn.Module:
+    def model_of(self, weights: Weights) -> nn.Module:
+        """A fresh model holding ``weights``."""
         model = self.model_fn()
-        model.load_state_dict(state.weights)
+        model.load_state_dict(weights)
         return model
+
+    def global_model(self, state: ServerState) -> nn.Module:
+        return self.model_of(state.weights)
 
     def average(self, updates: Sequence[ClientUpdate],
                 items: Sequence[Weights] | None = None) -> Weights:
@@ -101,29 +205,94 @@ class Strategy:
             items = [u.weights for u in updates]
         return weighted_average(items, aggregation_coeffs(updates, self.aggregation))
 
-    # -- hooks ---------------------------------------------------------------------------------
+    def local_weights(self, global_weights: Weights, client_state: ClientState) -> Weights:
+        """The weights a client starts from: the global ones, with its personal entries (from its
+        state; the global values before its first round)."""
+        if not self.personal:
+            return global_weights
+        own = client_state.get("personal", {})
+        return {k: own.get(k, v) if k in self.personal else v for k, v in global_weights.items()}
+
+    def split_personal(self, weights: Weights) -> tuple[Weights, Weights]:
+        """(shared, personal) entries of ``weights``."""
+        shared = {k: v for k, v in weights.items() if k not in self.personal}
+        return shared, {k: v for k, v in weights.items() if k in self.personal}
+
+    # -- hooks: selection and client side -----------------------------------------------------
     def init_server(self, model: nn.Module) -> ServerState:
         return ServerState(weights=clone(model.state_dict()))
 
     def init_client(self, client_id: int) -> ClientState:
         return {}
 
-    def payload(self, state: ServerState, round_: int) -> Payload:
-        return Payload(round=round_, weights=state.weights)
+    def select_clients(self, state: ServerState, round_: int, available: Sequence[int],
+                       per_round: int, rng: np.random.Generator, probe: Probe | None = None
+                       ) -> list[int]:
+        """Uniform without replacement (seeded per round), sorted by id."""
+        return uniform_selection(available, per_round, rng)
+
+    def probe(self, payload: Payload, client_state: ClientState, data: ClientData,
+              gen: torch.Generator, client_id: int = 0) -> dict[str, float]:
+        """Cheap information a candidate reports before selection: its mean task loss under the
+        payload's model, over its local data (no training)."""
+        model = self.scratch_model(self.local_weights(payload.weights, client_state))
+        model.eval()
+        total, count = 0.0, 0
+        with torch.inference_mode():
+            for batch in data.batches(max(len(data), 1), gen):
+                total += float(self.task.loss(model, batch, gen)) * len(batch[0])
+                count += len(batch[0])
+        model.train()
+        return {"loss": total / count if count else float("nan"), "num_samples": float(len(data))}
+
+    def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
+        return Payload(round=round_, weights=state.weights, client_id=client_id)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
-        model = self.scratch_model(payload.weights)
+        model = self.scratch_model(self.local_weights(payload.weights, client_state))
         metrics = local_train(model, data, self.task, self.local, payload.round, gen)
-        update = ClientUpdate(client_id, len(data), self.scratch_weights(), metrics=metrics)
+        weights = self.scratch_weights()
+        if self.personal:
+            weights, own = self.split_personal(weights)
+            client_state = {**client_state, "personal": own}
+        update = ClientUpdate(client_id, len(data), weights, metrics=metrics)
         return update, client_state, metrics
 
-    def aggregate(self, state: ServerState, updates: Sequence[ClientUpdate]) -> ServerState:
-        return ServerState(weights=self.average(updates), extra=state.extra, meta=state.meta)
+    # -- hooks: server side --------------------------------------------------------------------
+    def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        """The average of the uploaded weights; entries nobody uploads (personal ones) keep the
+        server's values."""
+        if not rnd.updates or not rnd.updates[0].weights:
+            return state
+        avg = self.average(rnd.updates)
+        weights = avg if len(avg) == len(state.weights) else {**state.weights, **avg}
+        return ServerState(weights=weights, extra=state.extra, meta=state.meta)
 
-    def server_update(self, state: ServerState, round_: int, ctx: Any = None) -> ServerState:
+    def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
         return state
 
-    def personalized_model(self, state: ServerState, client_state: ClientState) -> nn.Module | None:
-        return None
+    # -- hooks: personalization ----------------------------------------------------------------
+    def personalized_model(self, state: ServerState, client_state: ClientState, data: ClientData,
+                           gen: torch.Generator, client_id: int = 0) -> Weights | None:
+        """Client ``client_id``'s own model weights for evaluation, or None (no personal models).
+        Default: the global weights with the client's personal entries."""
+        if not self.personal:
+            return None
+        return self.local_weights(state.weights, client_state)
+
+
+def require_server_data(rnd: RoundInfo, who: str, labelled: bool = False) -> ClientData:
+    """The round's server data, or a ValueError saying what the method needs."""
+    sd = rnd.server_data
+    if sd is None:
+        raise ValueError(f"{who} needs server data (its config's server_data); the pipeline "
+                         f"passes it as run_federated(..., server_data=ServerData(...))")
+    if len(sd.data) == 0:
+        raise ValueError(f"{who}: the server data ({sd.kind}) is empty")
+    if labelled and not sd.labelled:
+        raise ValueError(f"{who}: the server data ({sd.kind}) is unlabelled but this task trains "
+                         f"on labels; generate a labelled set (diffusion.conditional: true)")
+    return sd.data
+

@@ -27,6 +27,9 @@ FEDERATE_DIR = "data/federate"
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """What a federate run reads. ``seed`` is the run's training seed (one of ``study.seeds``: model
+    init, client selection, local training); the partition comes from the root ``seed``."""
+
     seed: int
     dataset: DatasetConfig
     model: ModelConfig
@@ -48,8 +51,18 @@ def check_model(cfg: ModelConfig, prefix: str = "model") -> None:
                               f"options of model {cfg.name}: {', '.join(sorted(options))}")
 
 
-def train_config(params: dict, algorithm: str) -> TrainConfig:
-    """Validate every section the federate stage of ``algorithm`` reads (before loading data)."""
+def parse_run_seed(run_seed: int | str) -> int:
+    """A stage's seed argument (one of ``study.seeds``)."""
+    if isinstance(run_seed, str):
+        if not run_seed.isdigit():
+            raise ConfigError("seed argument", run_seed, "an integer >= 0 (one of study.seeds)")
+        run_seed = int(run_seed)
+    return run_seed
+
+
+def train_config(params: dict, algorithm: str, run_seed: int | str | None = None) -> TrainConfig:
+    """Validate every section the federate stage of ``algorithm`` reads (before loading data).
+    ``run_seed`` (default: the root ``seed``) seeds the federated run."""
     check_sections(params)
     seed = read_seed(params)
     ds = dataset_config(params.get("dataset"))
@@ -60,9 +73,11 @@ def train_config(params: dict, algorithm: str) -> TrainConfig:
     check_algorithms(study.algorithms, "study.algorithms")
     algos = params.get("algorithms") or {}
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
-    read = {"seed": seed, "dataset": params.get("dataset"), "model": params.get("model"),
-            "fl": params.get("fl"), f"algorithms.{algorithm}": algos.get(algorithm) or {}}
-    return TrainConfig(seed, ds, model, fl, study, algorithm, algo_cfg, read)
+    run = seed if run_seed is None else parse_run_seed(run_seed)
+    read = {"seed": seed, "run_seed": run, "dataset": params.get("dataset"),
+            "model": params.get("model"), "fl": params.get("fl"),
+            f"algorithms.{algorithm}": algos.get(algorithm) or {}}
+    return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read)
 
 
 def load_partition(path: str | Path = PARTITION_PATH) -> Partition:

@@ -1,6 +1,8 @@
-"""The evaluate stage: global test accuracy and per-client local-test accuracies of every algorithm
-of the study; metrics JSON, per-client CSV, learning-curve and client-accuracy plots, and a
-markdown comparison table."""
+"""The evaluate stage: for every algorithm and training seed of the study, the global model's test
+accuracy and per-client local-test accuracies (generic), and each client's own model on its split
+(personalized, methods with personal models); mean ± std over seeds in metrics JSON and a markdown
+comparison table, every seed in seeds.json, per-client CSV, learning-curve and client-accuracy
+plots."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from fedpipe.pipeline.common import (
     load_partition,
     make_model,
 )
+from fedpipe.pipeline.federate import load_personal, run_dir
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)
@@ -43,23 +46,39 @@ def read_history(path: Path) -> list[dict[str, float]]:
 
 
 def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
+    """Mean ± std over seeds; personalized columns when any method has personal models."""
     cols = [("test_accuracy", "global acc"), ("client_acc_mean", "client mean"),
-            ("client_acc_std", "client std"), ("client_acc_worst10", "worst 10%"),
-            ("client_acc_best10", "best 10%"), ("final_train_loss", "train loss")]
+            ("client_acc_std", "σ_acc"), ("client_acc_worst10", "worst 10%"),
+            ("client_acc_best10", "best 10%")]
+    if any("personal_acc_mean" in m for m in metrics.values()):
+        cols += [("personal_acc_mean", "personal mean"), ("personal_acc_std", "personal σ_acc"),
+                 ("personal_acc_worst10", "personal worst 10%")]
+    cols.append(("final_train_loss", "train loss"))
+    seeds = int(max(m.get("seeds", 1) for m in metrics.values()))
     lines = [f"# {title}", "", "| algorithm | " + " | ".join(c[1] for c in cols) + " |",
              "|---|" + "---|" * len(cols)]
-    best = {k: max(m.get(k, -np.inf) for m in metrics.values()) for k, _ in cols[:2]}
+    best = {k: max(m.get(k, -np.inf) for m in metrics.values())
+            for k in ("test_accuracy", "client_acc_mean", "personal_acc_mean")}
     for algo, m in metrics.items():
         cells = []
         for k, _ in cols:
             v = m.get(k)
-            cell = "" if v is None else (f"{v:.4f}" if k == "final_train_loss" else f"{100 * v:.2f}")
+            if v is None:
+                cells.append("–")
+                continue
+            scale, digits = (1, 4) if k == "final_train_loss" else (100, 2)
+            cell = f"{scale * v:.{digits}f}"
+            if seeds > 1:
+                cell += f" ± {scale * m.get(k + '_std', 0.0):.{digits}f}"
             if k in best and v == best[k]:
                 cell = f"**{cell}**"
             cells.append(cell)
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
-    lines += ["", "Accuracies in %. Client statistics are over each client's local test split "
-              "(drawn from the official test set with the client's label distribution)."]
+    lines += ["", f"Accuracies in %, mean ± sample std over {seeds} training seed(s). Client "
+              "statistics are over each client's local test split (drawn from the official test set "
+              "with the client's label distribution); σ_acc is their standard deviation, worst 10% the "
+              "mean of the lowest tenth. Generic columns evaluate the global model; personalized ones "
+              "each client's own model (methods with personal models only)."]
     return "\n".join(lines) + "\n"
 
 
@@ -98,41 +117,91 @@ def plot_client_accuracy(per_client: dict[str, np.ndarray], title: str):
     return fig
 
 
+SUMMARY_KEYS = ("test_accuracy", "test_loss", "client_acc_mean", "client_acc_std",
+                "client_acc_worst10", "client_acc_best10", "personal_acc_mean", "personal_acc_std",
+                "personal_acc_worst10", "personal_acc_best10", "final_train_loss")
+
+
+def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task) -> tuple[dict, np.ndarray,
+                                                                               np.ndarray | None]:
+    """Metrics of one run (algorithm, seed): generic (the global model on the global test set and on
+    each client's local test split) and, for a method with personal models, personalized (each
+    client's own model on its split)."""
+    model = make_model(cfg, ds)
+    weights = load_tensors(run / "model.safetensors")
+    model.load_state_dict(weights)
+    glob = task.evaluate(model, ds.test.x, ds.test.y)
+    generic = per_client_accuracy(model, local_tests, task, cfg.seed)
+    history = read_history(run / "history.csv")
+    m = {"test_accuracy": glob["accuracy"], "test_loss": glob["loss"],
+         **client_accuracy_summary(generic), "final_train_loss": history[-1]["train_loss"]}
+    personal = load_personal(run, weights)
+    own = None
+    if personal:
+        models = []
+        for c in range(len(local_tests)):
+            pm = make_model(cfg, ds)
+            pm.load_state_dict(personal[c])
+            models.append(pm)
+        own = per_client_accuracy(models, local_tests, task, cfg.seed)
+        m |= {k.replace("client_acc", "personal_acc"): v
+              for k, v in client_accuracy_summary(own).items()}
+    return m, generic, own
+
+
+def mean_over_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, float]:
+    """{metric: mean, metric_std: sample std (0 for one seed), seeds: n}."""
+    out: dict[str, float] = {"seeds": float(len(per_seed))}
+    keys = [k for k in next(iter(per_seed.values())) if all(k in m for m in per_seed.values())]
+    for k in keys:
+        a = np.array([m[k] for m in per_seed.values()], dtype=np.float64)
+        out[k] = float(a.mean())
+        out[f"{k}_std"] = float(a.std(ddof=1)) if len(a) > 1 else 0.0
+    return out
+
+
 def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_DIR,
                    partition_path: str | Path = PARTITION_PATH,
                    out_dir: str | Path = EVALUATE_DIR) -> EvaluateOutputs:
-    """Evaluate the final model of each algorithm (``cfgs``, one per algorithm of the study)."""
+    """Evaluate the final models of every run (``cfgs``: one per algorithm and training seed):
+    ``seeds.json`` {algorithm: {seed: metrics}}, ``metrics.json`` {algorithm: mean and std over
+    seeds}, per-client accuracies (``clients.csv``), plots and the comparison table."""
     out, fed = Path(out_dir), Path(federate_dir)
     for cfg in cfgs:
-        if not (fed / cfg.algorithm / "model.safetensors").is_file():
+        if not (run_dir(fed, cfg.algorithm, cfg.seed) / "model.safetensors").is_file():
             raise ConfigError("study.algorithms", cfg.algorithm,
-                              f"an algorithm with a trained model in {fed / cfg.algorithm} "
-                              f"(run `dvc repro federate@{cfg.algorithm}`)")
+                              f"an algorithm with a trained model in "
+                              f"{run_dir(fed, cfg.algorithm, cfg.seed)} "
+                              f"(run `dvc repro federate@{cfg.algorithm}-{cfg.seed}`)")
     part = load_partition(partition_path)
     ds = load_dataset(cfgs[0].dataset)
     local_tests = clients_of(ds, part, "test")
     task = ClassificationTask()
-    metrics: dict[str, dict[str, float]] = {}
+    seeds: dict[str, dict[int, dict[str, float]]] = {}
     per_client: dict[str, np.ndarray] = {}
     histories: dict[str, list[dict[str, float]]] = {}
     rows = []
     for cfg in cfgs:
-        model = make_model(cfg, ds)
-        model.load_state_dict(load_tensors(fed / cfg.algorithm / "model.safetensors"))
-        glob = task.evaluate(model, ds.test.x, ds.test.y)
-        acc = per_client_accuracy(model, local_tests, task, cfg.seed)
-        histories[cfg.algorithm] = read_history(fed / cfg.algorithm / "history.csv")
-        metrics[cfg.algorithm] = {"test_accuracy": glob["accuracy"], "test_loss": glob["loss"],
-                                  **client_accuracy_summary(acc),
-                                  "final_train_loss": histories[cfg.algorithm][-1]["train_loss"]}
-        per_client[cfg.algorithm] = acc
-        rows += [[cfg.algorithm, i, float(a)] for i, a in enumerate(acc)]
-        log.info("%s: global %.4f, clients %.4f +- %.4f", cfg.algorithm, glob["accuracy"],
-                 metrics[cfg.algorithm]["client_acc_mean"], metrics[cfg.algorithm]["client_acc_std"])
-    title = f"{cfgs[0].study.name}: {cfgs[0].dataset.name}, {part.meta['scheme']}, {part.num_clients} clients"
+        run = run_dir(fed, cfg.algorithm, cfg.seed)
+        m, generic, own = evaluate_run(cfg, run, ds, local_tests, task)
+        seeds.setdefault(cfg.algorithm, {})[cfg.seed] = m
+        shown = own if own is not None else generic
+        per_client[cfg.algorithm] = np.concatenate([per_client.get(cfg.algorithm, np.empty(0)),
+                                                    shown])
+        histories.setdefault(cfg.algorithm, read_history(run / "history.csv"))
+        rows += [[cfg.algorithm, cfg.seed, i, float(a), "" if own is None else float(own[i])]
+                 for i, a in enumerate(generic)]
+        log.info("%s seed %d: global %.4f, clients %.4f +- %.4f%s", cfg.algorithm, cfg.seed,
+                 m["test_accuracy"], m["client_acc_mean"], m["client_acc_std"],
+                 "" if own is None else f", personal {m['personal_acc_mean']:.4f}")
+    metrics = {algo: mean_over_seeds(s) for algo, s in seeds.items()}
+    title = (f"{cfgs[0].study.name}: {cfgs[0].dataset.name}, {part.meta['scheme']}, "
+             f"{part.num_clients} clients")
     table = comparison_table(metrics, title)
     write_json(out / "metrics.json", metrics)
-    write_csv(out / "clients.csv", ["algorithm", "client", "accuracy"], rows)
+    write_json(out / "seeds.json", {a: {str(k): v for k, v in s.items()} for a, s in seeds.items()})
+    write_csv(out / "clients.csv", ["algorithm", "seed", "client", "accuracy", "personal_accuracy"],
+              rows)
     write_text(out / "comparison.md", table)
     save_figure(out / "learning_curves.png", plot_curves(histories, title))
     save_figure(out / "client_accuracy.png", plot_client_accuracy(per_client, title))

@@ -1,5 +1,7 @@
-"""The federate stage: train one algorithm of the study on the partition, with checkpoints and
-resume; write the final model, the per-round history (CSV for `dvc plots`, JSON) and final metrics."""
+"""The federate stage: train one algorithm of the study with one training seed on the partition, with
+checkpoints and resume; write the final global model, the clients' own models (methods that have
+them), the per-round history (CSV for `dvc plots`), the per-client accuracies of every evaluated
+round (``clients.csv``: generic and personalized, so sigma_acc is a curve too) and final metrics."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from fedpipe.algorithms import ALGORITHMS
 from fedpipe.config import ConfigError
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, run_federated
-from fedpipe.io import md5_file, save_figure, save_tensors, write_csv, write_json
+from fedpipe.fl.state import Weights
+from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_csv, write_json
+from fedpipe.metrics import per_client_accuracy
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
     PARTITION_PATH,
@@ -25,6 +31,7 @@ from fedpipe.pipeline.common import (
     load_partition,
     make_model,
 )
+from fedpipe.pipeline.server_data import SERVER_DATA_DIR, load_server_data
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)
@@ -46,14 +53,53 @@ def history_columns(history: list[dict[str, float]]) -> list[str]:
     return cols
 
 
+def run_dir(root: str | Path, algorithm: str, seed: int) -> Path:
+    """The output folder of one run: ``<root>/<algorithm>/seed_<seed>``."""
+    return Path(root) / algorithm / f"seed_{seed}"
+
+
+def personal_dir(out: Path) -> Path:
+    return out / "personal"
+
+
+def save_personal(out: Path, personal: dict[int, Weights], global_weights: Weights) -> None:
+    """Each client's own model as ``personal/<client>.safetensors``, holding only the entries that
+    differ from the global model (a FedPer client stores its head, a Local client everything); the
+    folder is rewritten whole, so no file of an earlier run survives."""
+    d = personal_dir(out)
+    if d.is_dir():
+        for f in d.glob("*.safetensors"):
+            f.unlink()
+    for cid, w in sorted(personal.items()):
+        own = {k: v for k, v in w.items() if not torch.equal(v, global_weights[k])}
+        save_tensors(d / f"{cid}.safetensors", dict(sorted(own.items())),
+                     {"fedpipe.personal": json.dumps({"client": cid, "entries": len(own)})})
+
+
+def load_personal(out: Path, global_weights: Weights) -> dict[int, Weights]:
+    """The clients' own models saved by :func:`save_personal` ({} for a method without them)."""
+    d = personal_dir(out)
+    if not d.is_dir():
+        return {}
+    return {int(f.stem): {**global_weights, **load_tensors(f)}
+            for f in sorted(d.glob("*.safetensors"), key=lambda f: int(f.stem))}
+
+
 def save_run(out: Path, result: RunResult, model_meta: dict) -> None:
-    """The final global model (``model.safetensors``, with ``model_meta`` and the rounds done) and
-    the per-round history (``history.csv``) of a federated run."""
+    """The final global model (``model.safetensors``, with ``model_meta`` and the rounds done), the
+    clients' own models (``personal/``, methods that have them), the per-round history
+    (``history.csv``) and the per-client evaluations (``clients.csv``) of a federated run."""
     save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
                  {"fedpipe.model": json.dumps({**model_meta, "rounds": result.rounds_done},
                                               sort_keys=True)})
+    if result.personal:
+        save_personal(out, result.personal, result.state.weights)
     cols = history_columns(result.history)
     write_csv(out / "history.csv", cols, [[h.get(c, "") for c in cols] for h in result.history])
+    if result.client_history:
+        cols = history_columns(result.client_history)
+        write_csv(out / "clients.csv", cols,
+                  [[h.get(c, "") for c in cols] for h in result.client_history])
 
 
 def plot_history(history: list[dict[str, float]], title: str, metric: str = "test_accuracy",
@@ -81,14 +127,41 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
     return fig
 
 
+def client_evaluator(task: ClassificationTask, model_of: Callable[[Weights], torch.nn.Module],
+                     test_x: torch.Tensor, test_y: torch.Tensor, local_tests: list[ClientData],
+                     seed: int) -> Callable:
+    """The engine's ``evaluate(state, personal)`` for a classifier: the global model on the global
+    test set and on every client's local test split (generic), and each client's own model on its
+    split (personalized); per-client vectors go to ``clients.csv``, their summaries to the history."""
+
+    def evaluate(state, personal) -> dict[str, Any]:
+        m = model_of(state.weights)
+        res = task.evaluate(m, test_x, test_y)
+        generic = per_client_accuracy(m, local_tests, task, seed)
+        out: dict[str, Any] = {"loss": res["loss"], "accuracy": res["accuracy"],
+                               "client_mean": float(np.nanmean(generic)),
+                               "client_std": float(np.nanstd(generic)),
+                               "generic_accuracy": generic.tolist()}
+        if personal is not None:
+            models = [model_of(personal[c]) if c in personal else None
+                      for c in range(len(local_tests))]
+            own = per_client_accuracy(models, local_tests, task, seed)
+            out |= {"personal_mean": float(np.nanmean(own)), "personal_std": float(np.nanstd(own)),
+                    "personal_accuracy": own.tolist()}
+        return out
+
+    return evaluate
+
+
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
              partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
              on_round: Callable[[dict[str, float]], None] | None = None,
-             progress: bool = True, aux_path: str | Path | None = None) -> FederateOutputs:
-    """Run the federate stage for ``cfg.algorithm``; resumes from ``<out>/checkpoint`` if present.
-    With ``aux_path`` (the ``federate_aux`` stage), the strategy's server step gets the labelled
-    auxiliary set."""
-    out = Path(out_root) / cfg.algorithm
+             progress: bool = True, server_data_dir: str | Path = SERVER_DATA_DIR
+             ) -> FederateOutputs:
+    """Run the federate stage for ``cfg.algorithm`` with training seed ``cfg.seed`` into
+    ``<out_root>/<algorithm>/seed_<seed>``; resumes from its ``checkpoint`` if present. A method
+    that declares server data gets it from ``server_data_dir`` (the ``server_data`` stage)."""
+    out = run_dir(out_root, cfg.algorithm, cfg.seed)
     part = load_partition(partition_path)
     ds = load_dataset(cfg.dataset)
     clients = clients_of(ds, part)
@@ -97,39 +170,35 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     strategy = ALGORITHMS[cfg.algorithm](
         task, lambda: make_model(cfg, ds), cfg.fl.local, cfg.algo_cfg,
         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
-    test_x, test_y = ds.test.x, ds.test.y
-
-    def evaluate(state):
-        m = strategy.global_model(state)
-        res = task.evaluate(m, test_x, test_y)
-        return {"loss": res["loss"], "accuracy": res["accuracy"]}
-
-    ctx, inputs = None, {str(partition_path): md5_file(partition_path)}
-    if aux_path is not None:  # FedDDPM on a classifier: calibration on the labelled auxiliary set
-        from fedpipe.pipeline.generate import load_aux  # (imports diffusers: only when needed)
-
-        aux = load_aux(aux_path)
-        if not aux.labelled:
+    inputs = {str(partition_path): md5_file(partition_path)}
+    server_data = None
+    kind = strategy.server_data_kind(cfg.algo_cfg)
+    if kind != "none":
+        server_data = load_server_data(kind, cfg.algorithm, server_data_dir)
+        if kind == "aux" and not server_data.labelled:
             raise ConfigError("diffusion.conditional", False,
-                              f"true: {cfg.algorithm} calibrates a classifier on the auxiliary set, "
+                              f"true: {cfg.algorithm} trains a classifier on the auxiliary set, "
                               "which must be labelled (class-conditional warm-up)")
-        ctx = {"aux": ClientData(aux.images, aux.labels), "seed": cfg.seed, "rounds": cfg.fl.rounds}
-        inputs[str(aux_path)] = md5_file(aux_path)
+        sd_path = Path(server_data_dir) / f"{kind}.safetensors"
+        inputs[str(sd_path)] = md5_file(sd_path)
+    evaluate = client_evaluator(task, strategy.model_of, ds.test.x, ds.test.y,
+                                clients_of(ds, part, "test"), cfg.seed)
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
                            checkpoint_dir=out / "checkpoint",
                            fingerprint=fingerprint_of(cfg.params_read, *inputs),
-                           stop_after=stop_after, ctx=ctx, on_round=on_round, progress=progress)
+                           stop_after=stop_after, server_data=server_data, on_round=on_round,
+                           progress=progress)
     save_run(out, result, {"algorithm": cfg.algorithm, "model": cfg.model.name})
-    last_eval = [h for h in result.history if "test_accuracy" in h][-1]
+    evals = [h for h in result.history if "test_accuracy" in h]
+    last_eval = evals[-1]
     final = {"rounds": result.rounds_done, "final_train_loss": result.history[-1]["train_loss"],
              "test_accuracy": last_eval["test_accuracy"], "test_loss": last_eval["test_loss"],
-             "best_test_accuracy": float(np.max([h["test_accuracy"] for h in result.history
-                                                 if "test_accuracy" in h]))}
+             "best_test_accuracy": float(np.max([h["test_accuracy"] for h in evals]))}
+    if "test_personal_mean" in last_eval:
+        final["personal_acc_mean"] = last_eval["test_personal_mean"]
     write_json(out / "metrics.json", final)
     save_figure(out / "curves.png", plot_history(result.history, f"{cfg.algorithm} on {cfg.dataset.name}"))
-    log.info("%s: %d rounds, test accuracy %.4f", cfg.algorithm, result.rounds_done,
-             final["test_accuracy"])
+    log.info("%s (seed %d): %d rounds, test accuracy %.4f", cfg.algorithm, cfg.seed,
+             result.rounds_done, final["test_accuracy"])
     return FederateOutputs(result, out, final, inputs,
                            {str(out / "model.safetensors"): md5_file(out / "model.safetensors")})
-
-

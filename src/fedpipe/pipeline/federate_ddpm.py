@@ -9,8 +9,9 @@ an FID on ``fid.curve_samples`` generated images (the FID-per-round curve; the s
 every point, so the curve shows the model's change, not the sampler's). At the end: the FID on
 ``fid.num_samples`` images, a sample grid, and for FedDDPM(+) the server cost.
 
-``ctx`` passed to the strategy's ``server_update``: ``aux`` (the auxiliary set as client data),
-``seed``, ``rounds``, ``quick_fid(model, n, generator)`` (FedDDPM+'s QuickTest).
+A method that declares server data (FedDDPM, FedDDPM+: ``server_data: aux``) gets the auxiliary set
+as :class:`~fedpipe.fl.ServerData`; every method gets the FID of ``n`` samples as the round's
+``score`` (FedDDPM+'s QuickTest). The pipeline never names a method.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ import numpy as np
 import torch
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms
-from fedpipe.config import ConfigError, dataset_config
+from fedpipe.config import dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.diffusion import DiffusionConfig, FIDConfig, diffusion_config, fid_config
 from fedpipe.config.fl import FLConfig, StudyConfig, fl_config
 from fedpipe.config.stages import check_sections, read_seed
 from fedpipe.data import ClientData, load_dataset
-from fedpipe.fl import run_federated
+from fedpipe.fl import ServerData, run_federated
 from fedpipe.io import md5_file, save_figure, write_json
-from fedpipe.pipeline.common import PARTITION_PATH, clients_of, load_partition
+from fedpipe.pipeline.common import PARTITION_PATH, clients_of, load_partition, parse_run_seed
 from fedpipe.pipeline.diffusion import (
     AUX_FILE,
     FID_DIR,
@@ -44,7 +45,7 @@ from fedpipe.pipeline.diffusion import (
     resolve_device,
 )
 from fedpipe.pipeline.feature_extractor import FIDTools, load_fid_tools
-from fedpipe.pipeline.federate import plot_history, save_run
+from fedpipe.pipeline.federate import plot_history, run_dir, save_run
 from fedpipe.pipeline.generate import load_aux, plot_grid, requested_labels
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask
@@ -52,7 +53,6 @@ from fedpipe.tasks.diffusion import DiffusionTask
 log = logging.getLogger(__name__)
 
 FEDERATE_DDPM_DIR = Path("data/federate_ddpm")
-USES_AUX = ("fedddpm", "fedddpm_plus")
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,7 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
     """
     check_sections(params)
     read_seed(params)
-    if isinstance(run_seed, str):
-        if not run_seed.isdigit():
-            raise ConfigError("seed argument", run_seed, "an integer >= 0 (one of study.seeds)")
-        run_seed = int(run_seed)
-    seed = run_seed
+    seed = parse_run_seed(run_seed)
     ds = dataset_config(params.get("dataset"))
     diff = diffusion_config(params.get("diffusion"))
     fl = fl_config(params.get("diffusion_fl"), "diffusion_fl")
@@ -94,10 +90,6 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
             "diffusion_fl": params.get("diffusion_fl"), "fid": params.get("fid"),
             f"algorithms.{algorithm}": algos.get(algorithm) or {}}
     return DDPMTrainConfig(seed, ds, diff, fl, fid, study, algorithm, algo_cfg, read)
-
-
-def run_dir(root: str | Path, algorithm: str, seed: int) -> Path:
-    return Path(root) / algorithm / f"seed_{seed}"
 
 
 def sample_images(task: DiffusionTask, model: torch.nn.Module, n: int, cfg: DDPMTrainConfig,
@@ -139,14 +131,16 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     strategy = ALGORITHMS[cfg.algorithm](task, model_fn, cfg.fl.local, cfg.algo_cfg,
                                          aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
     score = fid_of(task, tools, cfg, class_counts)
-    ctx: dict[str, Any] = {"seed": cfg.seed, "rounds": cfg.fl.rounds, "quick_fid": score}
     inputs = {str(partition_path): md5_file(partition_path)}
-    if cfg.algorithm in USES_AUX:
+    server_data, kind = None, strategy.server_data_kind(cfg.algo_cfg)
+    if kind != "none":
         aux = load_aux(aux_path)
-        ctx["aux"] = ClientData(aux.images, aux.labels)
+        labels = aux.labels if kind == "aux" else torch.full_like(aux.labels, -1)
+        server_data = ServerData(kind, ClientData(aux.images, labels), bool((labels >= 0).all()),
+                                 str(aux_path))
         inputs[str(aux_path)] = md5_file(aux_path)
 
-    def evaluate(state) -> dict[str, float]:
+    def evaluate(state, personal=None) -> dict[str, float]:
         model = strategy.global_model(state).to(device)
         res = task.evaluate(model, ds.test.x, ds.test.y)
         fid = score(model, cfg.fid.curve_samples, torch_generator(cfg.seed, "fid-curve"))
@@ -156,7 +150,8 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     t0 = time.perf_counter()
     result = run_federated(strategy, model_fn(), clients, cfg.fl, cfg.seed, evaluate=evaluate,
                            checkpoint_dir=out / "checkpoint", fingerprint=fp, stop_after=stop_after,
-                           ctx=ctx, on_round=on_round, progress=progress)
+                           server_data=server_data, score=score, on_round=on_round,
+                           progress=progress)
     seconds = time.perf_counter() - t0
     model = strategy.global_model(result.state).to(device)
     x = sample_images(task, model, cfg.fid.num_samples, cfg, class_counts,

@@ -1,0 +1,14 @@
+"""FedPer (Arivazhagan et al. 2019, "Federated Learning with Personalization Layers"; settings of FedNH
+spec 004 §5): the last linear layer (``head``) is personal, the rest (the body) is shared and
+averaged as in FedAvg. Each client trains body and head together on its data; the global model keeps
+the initial head ("GM uses the initial head").
+"""
+
+from __future__ import annotations
+
+from fedpipe.fl.strategy import Strategy
+
+
+class FedPer(Strategy):
+    name = "fedper"
+    personal_modules = ("head",)

@@ -1,0 +1,6 @@
+"""Errors every layer may raise and the stage entry point turns into one line and an exit code
+(beside :class:`fedpipe.config.ConfigError`, which names a params key)."""
+
+
+class DivergenceError(RuntimeError):
+    """A non-finite loss or update (the message names the round and client); exit code 3."""

@@ -1,0 +1,84 @@
+"""Server data (round protocol v2): the typed data a method's server step trains on.
+
+A method declares what it needs in its config (``server_data``: ``none``, ``aux`` or ``distill``; see
+:data:`fedpipe.fl.SERVER_DATA_KINDS`) and the pipeline provides it without naming methods: the
+``server_data`` stage looks at the study's classification algorithms, and for each kind one of them
+needs writes ``data/server_data/<kind>.safetensors`` from the auxiliary set the diffusion track
+generated (``aux``: as generated, labelled when the warm-up was class-conditional; ``distill``: the
+same images, labels dropped). The ``federate`` stages depend on that folder, so a change of the
+generation re-runs only the runs that read it: for a study whose methods need nothing the folder
+holds just its manifest, which does not change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms
+from fedpipe.config import ConfigError
+from fedpipe.config.core import build
+from fedpipe.config.fl import StudyConfig
+from fedpipe.config.stages import check_sections
+from fedpipe.data import ClientData
+from fedpipe.fl import ServerData
+from fedpipe.io import load_tensors, md5_file, read_json, save_tensors, write_json
+
+SERVER_DATA_DIR = Path("data/server_data")
+MANIFEST = "manifest.json"
+
+
+def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
+    """{kind: the study's classification algorithms that need it} (validated, no data loaded)."""
+    check_sections(params)
+    study = build(StudyConfig, params.get("study"), "study")
+    check_algorithms(study.algorithms, "study.algorithms")
+    algos = params.get("algorithms") or {}
+    kinds: dict[str, list[str]] = {}
+    for name in study.algorithms:
+        kind = ALGORITHMS[name].server_data_kind(algorithm_config(name, algos.get(name)))
+        if kind != "none":
+            kinds.setdefault(kind, []).append(name)
+    return kinds
+
+
+def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
+                      out_dir: str | Path = SERVER_DATA_DIR) -> dict[str, Any]:
+    """Write each needed kind from the auxiliary set; the manifest lists kinds and their users."""
+    out = Path(out_dir)
+    manifest: dict[str, Any] = {"kinds": {}}
+    if kinds:
+        if not Path(aux_path).is_file():
+            raise ConfigError("study.algorithms", sorted(a for v in kinds.values() for a in v),
+                              f"methods whose server data exists: {aux_path} is missing "
+                              "(run `dvc repro generate`)")
+        aux = load_tensors(aux_path)  # the generate stage's file: images, labels (-1 = none), client
+        for kind, users in sorted(kinds.items()):
+            labels = aux["labels"] if kind == "aux" else torch.full_like(aux["labels"], -1)
+            path = out / f"{kind}.safetensors"
+            save_tensors(path, {"images": aux["images"], "labels": labels})
+            manifest["kinds"][kind] = {"algorithms": users, "samples": len(labels),
+                                       "labelled": bool((labels >= 0).all()),
+                                       "source": str(aux_path), "source_md5": md5_file(aux_path)}
+    for f in out.glob("*.safetensors") if out.is_dir() else []:
+        if f.stem not in manifest["kinds"]:
+            f.unlink()
+    write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def load_server_data(kind: str, who: str, root: str | Path = SERVER_DATA_DIR) -> ServerData:
+    """The server data of ``kind`` written by the ``server_data`` stage (``who`` needs it)."""
+    path = Path(root) / f"{kind}.safetensors"
+    if not path.is_file():
+        raise ConfigError(f"algorithms.{who}.server_data", kind,
+                          f"server data the pipeline wrote: {path} is missing "
+                          "(run `dvc repro server_data`)")
+    t = load_tensors(path)
+    labelled = bool((t["labels"] >= 0).all())
+    manifest = Path(root) / MANIFEST
+    info = read_json(manifest)["kinds"].get(kind, {}) if manifest.is_file() else {}
+    return ServerData(kind, ClientData(t["images"], t["labels"]), labelled,
+                      info.get("source", str(path)))
