@@ -201,8 +201,10 @@ def feddc_round(drift_average):
     th1, th2 = [1.5, -0.5], [0.0, -2.0]  # local models after the round
     h1n, h2n = add(h1, sub(th1, w)), add(h2, sub(th2, w))
     dc1, dc2 = [0.4, -0.4], [1.0, 2.0]
-    updates = [ClientUpdate(1, 1, W(add(th1, h1n)), {"dc": {"weight": T(dc1)}, "dh": {"weight": T(sub(th1, w))}}),
-               ClientUpdate(2, 3, W(add(th2, h2n)), {"dc": {"weight": T(dc2)}, "dh": {"weight": T(sub(th2, w))}})]
+    updates = [ClientUpdate(1, 1, W(add(th1, h1n)),
+                            {"dc": {"weight": T(dc1)}, "dh": {"weight": T(sub(th1, w))}}),
+               ClientUpdate(2, 3, W(add(th2, h2n)),
+                            {"dc": {"weight": T(dc2)}, "dh": {"weight": T(sub(th2, w))}})]
     s = strategy("feddc", {"drift_average": drift_average}, aggregation="uniform", num_clients=3)
     extra = {"c": {"weight": T(c)}}
     if drift_average == "all_clients":

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +14,17 @@ from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
 from fedpipe.config.stages import check_sections, read_seed
-from fedpipe.data import ClientData, Dataset, Partition, client_data
-from fedpipe.io import md5_file
+from fedpipe.data import Dataset
 from fedpipe.models import MODELS, build_model
+from fedpipe.pipeline.inputs import (  # noqa: F401  (re-exported: the training stages' inputs)
+    PARTITION_PATH,
+    clients_of,
+    code_version,
+    fingerprint_of,
+    load_partition,
+)
 from fedpipe.rng import torch_seed
 
-PARTITION_PATH = "data/partition/partition.safetensors"
 FEDERATE_DIR = "data/federate"
 
 
@@ -80,18 +83,6 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read)
 
 
-def load_partition(path: str | Path = PARTITION_PATH) -> Partition:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError("partition_file", str(path), "an existing partition (run `dvc repro partition`)")
-    return Partition.load(path)
-
-
-def clients_of(ds: Dataset, part: Partition, which: str = "train") -> list[ClientData]:
-    split = ds.train if which == "train" else ds.test
-    return [client_data(split, part, i, which) for i in range(part.num_clients)]
-
-
 def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:
     """The model of ``cfg`` with weights drawn from the stream (seed, "model-init").
 
@@ -102,25 +93,6 @@ def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:
         torch.manual_seed(torch_seed(cfg.seed, "model-init"))
         return build_model(cfg.model.name, ds.meta.shape, ds.meta.num_classes,
                            mean=ds.meta.mean, std=ds.meta.std, **cfg.model.kwargs)
-
-
-def code_version() -> str:
-    """A hash of fedpipe's own source files. Part of every resume fingerprint: when DVC re-runs a
-    stage because the code changed, an old checkpoint must not stand in for the new result."""
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for f in sorted(root.rglob("*.py")):
-        h.update(str(f.relative_to(root)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def fingerprint_of(params: dict, *files: str | Path) -> str:
-    """Identifies partial work: params, the contents of input files and the code version (a
-    checkpoint resumes only on a match)."""
-    blob = json.dumps({"params": params, "files": [md5_file(f) for f in files],
-                       "code": code_version()}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def fingerprint(cfg: TrainConfig, partition_path: str | Path = PARTITION_PATH) -> str:

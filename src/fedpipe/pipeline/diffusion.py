@@ -51,6 +51,6 @@ def make_unet(cfg: DiffusionConfig, meta: DatasetMeta, seed: int, purpose: str, 
 def params_fingerprint(params: dict, *files: str | Path) -> str:
     """A short hash of params, input-file contents and the code version: identifies resumable
     partial work (see :func:`fedpipe.pipeline.common.fingerprint_of`)."""
-    from fedpipe.pipeline.common import fingerprint_of
+    from fedpipe.pipeline.inputs import fingerprint_of
 
     return fingerprint_of(params, *files)

@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 from fedpipe.config.diffusion import DiffusionStageConfig
 from fedpipe.data import apportion, load_dataset
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_json
-from fedpipe.pipeline.common import PARTITION_PATH, load_partition
 from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet, resolve_device
+from fedpipe.pipeline.inputs import PARTITION_PATH, load_partition
 from fedpipe.pipeline.warmup import client_path
 from fedpipe.rng import torch_generator
 

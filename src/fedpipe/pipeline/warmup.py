@@ -30,7 +30,6 @@ from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl.local import local_train
 from fedpipe.io import md5_file, read_metadata, save_figure, save_tensors, write_csv, write_json
-from fedpipe.pipeline.common import PARTITION_PATH, clients_of, load_partition
 from fedpipe.pipeline.diffusion import (
     WARMUP_DIR,
     make_task,
@@ -38,6 +37,7 @@ from fedpipe.pipeline.diffusion import (
     params_fingerprint,
     resolve_device,
 )
+from fedpipe.pipeline.inputs import PARTITION_PATH, clients_of, load_partition
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask, ema_step_hook, ema_weights, make_ema
 

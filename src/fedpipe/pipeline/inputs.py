@@ -1,0 +1,46 @@
+"""The inputs every training stage shares, kept apart from the algorithm registry so that the
+diffusion stages (warm-up, generation) import neither the algorithms nor the round engine: the
+partition file, each client's data, and the fingerprint that identifies resumable work."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from fedpipe.config import ConfigError
+from fedpipe.data import ClientData, Dataset, Partition, client_data
+from fedpipe.io import md5_file
+
+PARTITION_PATH = "data/partition/partition.safetensors"
+
+
+def load_partition(path: str | Path = PARTITION_PATH) -> Partition:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("partition_file", str(path), "an existing partition (run `dvc repro partition`)")
+    return Partition.load(path)
+
+
+def clients_of(ds: Dataset, part: Partition, which: str = "train") -> list[ClientData]:
+    split = ds.train if which == "train" else ds.test
+    return [client_data(split, part, i, which) for i in range(part.num_clients)]
+
+
+def code_version() -> str:
+    """A hash of fedpipe's own source files. Part of every resume fingerprint: when DVC re-runs a
+    stage because the code changed, an old checkpoint must not stand in for the new result."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def fingerprint_of(params: dict, *files: str | Path) -> str:
+    """Identifies partial work: params, the contents of input files and the code version (a
+    checkpoint resumes only on a match)."""
+    blob = json.dumps({"params": params, "files": [md5_file(f) for f in files],
+                       "code": code_version()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
