@@ -105,3 +105,36 @@ def test_federate_resume_matches_uninterrupted(tmp_path, algorithm):
     assert len(personal) == (0 if algorithm == "fedavg" else p["partition"]["num_clients"])
     for f in files:
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_evaluate_over_seeds_with_generic_and_personalized_columns(tmp_path):
+    """Two algorithms x two seeds: seeds.json holds every run, metrics.json their mean and sample std;
+    a method with personal models gets personalized columns, one without does not."""
+    from fedpipe.config import partition_stage_config
+    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.io import read_json
+    from fedpipe.pipeline.evaluate import evaluate_study
+    from fedpipe.pipeline.federate import federate
+
+    p = params_with(**{"fl/rounds": 2, "fl/local/epochs": 1,
+                       "study/algorithms": ["fedavg", "fedper"], "study/seeds": [0, 3]})
+    partition_and_write(partition_stage_config(p), tmp_path / "partition")
+    part = tmp_path / "partition" / "partition.safetensors"
+    cfgs = [train_config(p, a, s) for a in ("fedavg", "fedper") for s in (0, 3)]
+    for cfg in cfgs:
+        federate(cfg, tmp_path / "fed", part, progress=False)
+    out = evaluate_study(cfgs, tmp_path / "fed", part, tmp_path / "eval")
+    seeds = read_json(tmp_path / "eval" / "seeds.json")
+    assert set(seeds) == {"fedavg", "fedper"} and set(seeds["fedavg"]) == {"0", "3"}
+    a, b = (seeds["fedavg"][s]["test_accuracy"] for s in ("0", "3"))
+    assert a != b  # the seed changes the run
+    m = out.metrics["fedavg"]
+    assert m["seeds"] == 2 and abs(m["test_accuracy"] - (a + b) / 2) < 1e-12
+    assert abs(m["test_accuracy_std"] - abs(a - b) / 2 ** 0.5) < 1e-12  # sample std of two values
+    assert "personal_acc_mean" in out.metrics["fedper"] and "personal_acc_mean" not in m
+    assert 0 <= out.metrics["fedper"]["pm_v_mean"] <= 1 and 0 <= out.metrics["fedper"]["pm_l_mean"] <= 1
+    assert "PM(V)" in out.table and "±" in out.table
+    # each seed's final model is the one federate wrote (the metrics agree with its own final eval)
+    final = read_json(tmp_path / "fed" / "fedper" / "seed_3" / "metrics.json")
+    assert abs(final["test_accuracy"] - seeds["fedper"]["3"]["test_accuracy"]) < 1e-12
+    assert abs(final["personal_acc_mean"] - seeds["fedper"]["3"]["personal_acc_mean"]) < 1e-12

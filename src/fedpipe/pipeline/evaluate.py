@@ -16,7 +16,12 @@ import numpy as np
 from fedpipe.config import ConfigError
 from fedpipe.data import load_dataset
 from fedpipe.io import load_tensors, save_figure, write_csv, write_json, write_text
-from fedpipe.metrics import client_accuracy_summary, per_client_accuracy
+from fedpipe.metrics import (
+    client_accuracy_summary,
+    per_client_accuracy,
+    pm_accuracy,
+    train_class_counts,
+)
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
     PARTITION_PATH,
@@ -52,7 +57,8 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
             ("client_acc_best10", "best 10%")]
     if any("personal_acc_mean" in m for m in metrics.values()):
         cols += [("personal_acc_mean", "personal mean"), ("personal_acc_std", "personal σ_acc"),
-                 ("personal_acc_worst10", "personal worst 10%")]
+                 ("personal_acc_worst10", "personal worst 10%"), ("pm_v_mean", "PM(V)"),
+                 ("pm_l_mean", "PM(L)")]
     cols.append(("final_train_loss", "train loss"))
     seeds = int(max(m.get("seeds", 1) for m in metrics.values()))
     lines = [f"# {title}", "", "| algorithm | " + " | ".join(c[1] for c in cols) + " |",
@@ -78,7 +84,9 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
               "statistics are over each client's local test split (drawn from the official test set "
               "with the client's label distribution); σ_acc is their standard deviation, worst 10% the "
               "mean of the lowest tenth. Generic columns evaluate the global model; personalized ones "
-              "each client's own model (methods with personal models only)."]
+              "each client's own model (methods with personal models only); PM(V) / PM(L) are FedNH's: each "
+              "client's own model on the global test set, weighted equally over the classes it owns / "
+              "by its label distribution."]
     return "\n".join(lines) + "\n"
 
 
@@ -122,11 +130,12 @@ SUMMARY_KEYS = ("test_accuracy", "test_loss", "client_acc_mean", "client_acc_std
                 "personal_acc_worst10", "personal_acc_best10", "final_train_loss")
 
 
-def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task) -> tuple[dict, np.ndarray,
-                                                                               np.ndarray | None]:
+def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_counts: np.ndarray
+                 ) -> tuple[dict, np.ndarray, np.ndarray | None]:
     """Metrics of one run (algorithm, seed): generic (the global model on the global test set and on
     each client's local test split) and, for a method with personal models, personalized (each
-    client's own model on its split)."""
+    client's own model on its split, and FedNH's PM(V) / PM(L): its model on the global test set
+    weighted by the classes it owns / its label distribution; spec 004 §3)."""
     model = make_model(cfg, ds)
     weights = load_tensors(run / "model.safetensors")
     model.load_state_dict(weights)
@@ -146,6 +155,9 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task) -> tuple[di
         own = per_client_accuracy(models, local_tests, task, cfg.seed)
         m |= {k.replace("client_acc", "personal_acc"): v
               for k, v in client_accuracy_summary(own).items()}
+        for mode in ("V", "L"):
+            pm = pm_accuracy(models, ds.test.x, ds.test.y, train_counts, mode, task)
+            m[f"pm_{mode.lower()}_mean"] = float(np.nanmean(pm))
     return m, generic, own
 
 
@@ -176,6 +188,7 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     part = load_partition(partition_path)
     ds = load_dataset(cfgs[0].dataset)
     local_tests = clients_of(ds, part, "test")
+    train_counts = train_class_counts([c.y for c in clients_of(ds, part)], ds.meta.num_classes)
     task = ClassificationTask()
     seeds: dict[str, dict[int, dict[str, float]]] = {}
     per_client: dict[str, np.ndarray] = {}
@@ -183,7 +196,7 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     rows = []
     for cfg in cfgs:
         run = run_dir(fed, cfg.algorithm, cfg.seed)
-        m, generic, own = evaluate_run(cfg, run, ds, local_tests, task)
+        m, generic, own = evaluate_run(cfg, run, ds, local_tests, task, train_counts)
         seeds.setdefault(cfg.algorithm, {})[cfg.seed] = m
         shown = own if own is not None else generic
         per_client[cfg.algorithm] = np.concatenate([per_client.get(cfg.algorithm, np.empty(0)),

@@ -21,7 +21,7 @@ from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, run_federated
 from fedpipe.fl.state import Weights
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_csv, write_json
-from fedpipe.metrics import per_client_accuracy
+from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
     PARTITION_PATH,
@@ -131,17 +131,22 @@ def client_evaluator(task: ClassificationTask, model_of: Callable[[Weights], tor
                      test_x: torch.Tensor, test_y: torch.Tensor, local_tests: list[ClientData],
                      seed: int) -> Callable:
     """The engine's ``evaluate(state, personal)`` for a classifier: the global model on the global
-    test set and on every client's local test split (generic), and each client's own model on its
-    split (personalized); per-client vectors go to ``clients.csv``, their summaries to the history."""
+    test set and on every client's local test split (generic: accuracy, loss, and the client
+    disagreement CD of Equitable-FL's eq. 9 over the local losses), and each client's own model on
+    its split (personalized); per-client vectors go to ``clients.csv``, summaries to the history."""
 
     def evaluate(state, personal) -> dict[str, Any]:
         m = model_of(state.weights)
         res = task.evaluate(m, test_x, test_y)
         generic = per_client_accuracy(m, local_tests, task, seed)
+        losses = per_client_loss(m, local_tests, task, seed)
+        finite = losses[np.isfinite(losses)]
         out: dict[str, Any] = {"loss": res["loss"], "accuracy": res["accuracy"],
                                "client_mean": float(np.nanmean(generic)),
                                "client_std": float(np.nanstd(generic)),
-                               "generic_accuracy": generic.tolist()}
+                               "client_disagreement": client_disagreement(finite)
+                               if len(finite) > 1 else float("nan"),
+                               "generic_accuracy": generic.tolist(), "generic_loss": losses.tolist()}
         if personal is not None:
             models = [model_of(personal[c]) if c in personal else None
                       for c in range(len(local_tests))]
