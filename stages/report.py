@@ -1,8 +1,11 @@
 """DVC stage `report`: one markdown report for the study (diffusion-track FID with mean +- std over
-seeds and the paper's numbers beside ours; classification-track accuracy) and the FID curves.
+seeds and the paper's numbers beside ours; classification-track accuracy, mean +- std over seeds) and
+the claims table (each paper's headline claims judged over the training seeds), the FID curves.
 
-Reads params: seed, dataset, partition, study; data/federate_ddpm/ and data/evaluate/metrics.json.
-Writes data/report/ (report.md, fid_curves.png, metrics.json).
+Reads params: seed, dataset, partition, study; data/federate_ddpm/<algorithm>/seed_<seed>/,
+data/evaluate/metrics.json and data/evaluate/seeds.json.
+Writes data/report/ (report.md, fid_curves.png, metrics.json, claims.json); logs the summaries, each
+claim's verdict (claims/<key>/held, mean_diff, se) and the files to MLflow.
 """
 
 from fedpipe.cli import run_stage
@@ -23,6 +26,10 @@ def main() -> None:
         out = build_report(study, title)
         for algo, s in out.summary.items():
             run.log_metrics({f"{algo}.{k}": v for k, v in s.items()})
+        for r in out.claims:
+            run.log_metrics({f"claims/{r.claim.key}/{k}": v for k, v in
+                             (("held", float(r.held)), ("mean_diff", r.mean_diff), ("se", r.se))
+                             if v is not None})
         for p in out.plots:
             run.log_artifact(p, "report")
     print(out.text)

@@ -1,35 +1,65 @@
-"""The report stage: one markdown report per study, the plots, and (via the stage) MLflow.
+"""The report stage: one markdown report per study, the claims table, the plots, and (via the stage)
+MLflow.
+
+Inputs (exactly these):
+
+- Diffusion track: ``data/federate_ddpm/<algorithm>/seed_<seed>/{metrics.json,history.csv}`` for each
+  algorithm of ``study.diffusion_algorithms`` and seed of ``study.seeds`` (the federate_ddpm stage's
+  per-run folder; the layout is written down here rather than imported, so that the report does not
+  depend on the training code).
+- Classification track: ``data/evaluate/seeds.json`` = {algorithm: {"<seed>": {metric: value}}} and
+  ``data/evaluate/metrics.json`` = {algorithm: {metric: mean over seeds, "<metric>_std": sample std,
+  "seeds": n}}.
+
+Sections of ``report.md``:
 
 - Diffusion track: per algorithm, FID of the final global model as mean +- std over ``study.seeds``
   (with the extractor, sample count and sampler it was computed with), the round training stopped at
   (FedDDPM+'s QuickTest), server optimizer steps and training time; with ``study.paper_reference``,
   the paper's FID for the same algorithm beside ours (and FedDDPM+'s stop round).
-- Classification track: the accuracy metrics of the ``evaluate`` stage.
-- Plots: the FID-per-round curves of every diffusion algorithm (mean over seeds).
+- Classification track: the accuracy metrics of the ``evaluate`` stage, mean +- std over seeds, and the
+  personalized columns when an algorithm has them.
+- Claims: every paper's headline claims (:mod:`fedpipe.claims`) with every seed's values, the mean
+  difference +- its standard error, and held / not held / not judged / not evaluated.
+
+Outputs: ``report.md``, ``fid_curves.png`` (FID per round, mean over seeds), ``metrics.json`` (DVC
+metrics: FID and accuracy summaries, claim counts) and ``claims.json`` (DVC metrics; see
+:func:`fedpipe.claims.claims_metrics`).
 """
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from fedpipe.claims import RULE, ClaimResult, all_claims, claims_metrics, judge_all, summary
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import read_json, save_figure, write_json, write_text
-from fedpipe.pipeline.evaluate import read_history
-from fedpipe.pipeline.federate_ddpm import FEDERATE_DDPM_DIR, run_dir
 from fedpipe.reference import CITATION, describe, paper_fid, paper_stop_round
 
 REPORT_DIR = Path("data/report")
-EVALUATE_METRICS = Path("data/evaluate/metrics.json")
+FEDERATE_DDPM_DIR = Path("data/federate_ddpm")
+EVALUATE_DIR = Path("data/evaluate")
+
+# (metric key, column title) of the classification table; personalized columns only when present
+GLOBAL_COLUMNS = [("test_accuracy", "global acc"), ("client_acc_mean", "client mean"),
+                  ("client_acc_std", "client std"), ("client_acc_worst10", "worst 10%"),
+                  ("client_acc_best10", "best 10%")]
+PERSONAL_COLUMNS = [("personal_acc_mean", "personal mean"), ("personal_acc_std", "personal std"),
+                    ("personal_acc_worst10", "personal worst 10%"),
+                    ("personal_acc_best10", "personal best 10%")]
 
 
 @dataclass(frozen=True)
 class ReportOutputs:
     text: str
     summary: dict[str, dict[str, float]]
-    plots: list[Path]
+    claims: list[ClaimResult]
+    plots: list[Path]  # every file written, for MLflow
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -42,33 +72,52 @@ def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
-def diffusion_summary(study: StudyConfig, root: Path) -> tuple[dict, dict, dict]:
-    """(summary per algorithm, FID curves per algorithm {round: mean FID}, run metadata)."""
-    summary, curves, meta = {}, {}, {}
+def read_history(path: Path) -> list[dict[str, float]]:
+    with open(path, newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def ddpm_run_dir(root: str | Path, algorithm: str, seed: int) -> Path:
+    """The federate_ddpm stage's folder of one run (its ``run_dir``)."""
+    return Path(root) / algorithm / f"seed_{seed}"
+
+
+def read_diffusion_runs(study: StudyConfig, root: str | Path
+                        ) -> dict[str, dict[int, tuple[dict[str, Any], list[dict[str, float]]]]]:
+    """{algorithm: {seed: (metrics.json, history rows)}} for the study's diffusion algorithms and seeds."""
+    runs: dict[str, dict[int, tuple[dict, list]]] = {}
     for algo in study.diffusion_algorithms:
-        runs = []
+        runs[algo] = {}
         for seed in study.seeds:
-            d = run_dir(root, algo, seed)
+            d = ddpm_run_dir(root, algo, seed)
             if not (d / "metrics.json").is_file():
                 raise FileNotFoundError(f"missing {d / 'metrics.json'} (run `dvc repro "
                                         f"federate_ddpm@{algo}-{seed}`)")
-            runs.append((read_json(d / "metrics.json"), read_history(d / "history.csv")))
-        fid = mean_std([m["fid"] for m, _ in runs])
-        summary[algo] = {"fid_mean": fid[0], "fid_std": fid[1], "seeds": len(runs),
-                         "stopped_at_mean": float(np.mean([m["stopped_at"] for m, _ in runs])),
-                         "server_steps_mean": float(np.mean([m["server_steps"] for m, _ in runs])),
-                         "train_seconds_mean": float(np.mean([m["train_seconds_now"] for m, _ in runs]))}
+            runs[algo][seed] = (read_json(d / "metrics.json"), read_history(d / "history.csv"))
+    return runs
+
+
+def diffusion_summary(runs: dict[str, dict[int, tuple[dict, list]]]) -> tuple[dict, dict, dict]:
+    """(summary per algorithm, FID curves per algorithm {round: mean FID}, run metadata)."""
+    summary_, curves, meta = {}, {}, {}
+    for algo, by_seed in runs.items():
+        ms = [m for m, _ in by_seed.values()]
+        fid = mean_std([m["fid"] for m in ms])
+        summary_[algo] = {"fid_mean": fid[0], "fid_std": fid[1], "seeds": len(ms),
+                          "stopped_at_mean": float(np.mean([m["stopped_at"] for m in ms])),
+                          "server_steps_mean": float(np.mean([m["server_steps"] for m in ms])),
+                          "train_seconds_mean": float(np.mean([m["train_seconds_now"] for m in ms]))}
         points: dict[float, list[float]] = {}
-        for _, hist in runs:
+        for _, hist in by_seed.values():
             for h in hist:
                 if "test_fid" in h:
                     points.setdefault(h["round"], []).append(h["test_fid"])
         curves[algo] = {r: float(np.mean(v)) for r, v in sorted(points.items())}
-        meta = {k: runs[0][0][k] for k in ("extractor", "fid_samples", "sampler")}
-    return summary, curves, meta
+        meta = {k: ms[0].get(k) for k in ("extractor", "fid_samples", "sampler")}
+    return summary_, curves, meta
 
 
-def diffusion_table(study: StudyConfig, summary: dict, meta: dict) -> list[str]:
+def diffusion_table(study: StudyConfig, summary_: dict, meta: dict) -> list[str]:
     ref = paper_fid(study.paper_reference) if study.paper_reference else None
     head = "| algorithm | FID | stop round | server steps | train s |"
     if ref:
@@ -77,8 +126,8 @@ def diffusion_table(study: StudyConfig, summary: dict, meta: dict) -> list[str]:
              f"{meta.get('extractor')}, {meta.get('fid_samples')} samples, {meta.get('sampler')} "
              f"sampler; mean ± std over seeds {study.seeds})", "", head,
              "|---|" + "---|" * (head.count("|") - 2)]
-    best = min(s["fid_mean"] for s in summary.values())
-    for algo, s in summary.items():
+    best = min(s["fid_mean"] for s in summary_.values())
+    for algo, s in summary_.items():
         cell = fmt(s["fid_mean"], s["fid_std"], s["seeds"])
         if s["fid_mean"] == best:
             cell = f"**{cell}**"
@@ -97,13 +146,77 @@ def diffusion_table(study: StudyConfig, summary: dict, meta: dict) -> list[str]:
     return lines
 
 
+def read_classification(evaluate_dir: str | Path) -> tuple[dict, dict]:
+    """(metrics.json: mean and std over seeds per algorithm, seeds.json: per seed)."""
+    d = Path(evaluate_dir)
+    for name in ("metrics.json", "seeds.json"):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"missing {d / name} (run `dvc repro evaluate`)")
+    return read_json(d / "metrics.json"), read_json(d / "seeds.json")
+
+
+def _pct(m: dict[str, float], key: str) -> str:
+    if m.get(key) is None:
+        return "—"
+    std, n = m.get(f"{key}_std"), int(m.get("seeds", 1))
+    return (f"{100 * m[key]:.2f} ± {100 * std:.2f}" if std is not None and n > 1
+            else f"{100 * m[key]:.2f}")
+
+
 def classification_table(metrics: dict[str, dict[str, float]]) -> list[str]:
-    cols = [("test_accuracy", "global acc"), ("client_acc_mean", "client mean"),
-            ("client_acc_worst10", "worst 10%")]
-    lines = ["## Classification track: accuracy (%) of the final global model", "",
+    cols = GLOBAL_COLUMNS + [c for c in PERSONAL_COLUMNS if any(c[0] in m for m in metrics.values())]
+    seeds = sorted({int(m.get("seeds", 1)) for m in metrics.values()})
+    over = f"mean ± std over {'/'.join(map(str, seeds))} seeds" if seeds != [1] else "one seed"
+    lines = [f"## Classification track: accuracy (%) of the final global model ({over}; personal "
+             "columns: each client's own model)", "",
              "| algorithm | " + " | ".join(c[1] for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for algo, m in metrics.items():
-        lines.append(f"| {algo} | " + " | ".join(f"{100 * m[k]:.2f}" for k, _ in cols) + " |")
+        lines.append(f"| {algo} | " + " | ".join(_pct(m, k) for k, _ in cols) + " |")
+    return lines
+
+
+def fmt_value(v: float | None) -> str:
+    if v is None or not np.isfinite(v):
+        return str(v)
+    if float(v).is_integer() or abs(v) >= 1000:
+        return f"{v:.0f}"
+    return f"{v:.4g}"
+
+
+def _per_seed(algo: str, values: dict[str, float]) -> str:
+    if not values:
+        return f"{algo}: —"
+    return f"{algo}: " + ", ".join(f"s{s} {fmt_value(v)}" for s, v in values.items())
+
+
+def _verdict(r: ClaimResult) -> str:
+    if r.status == "held":
+        return "**held**"
+    if r.status == "not held":
+        return "not held"
+    if r.status == "not evaluated":
+        return f"not evaluated in this study ({r.reason})"
+    return f"not judged ({r.reason})"
+
+
+def claims_table(results: list[ClaimResult]) -> list[str]:
+    counts = summary(results)
+    lines = ["## Claims: each paper's headline claims on this study's numbers", "", RULE, "",
+             f"{counts['held']} of {counts['claims']} claims held; {counts['not_held']} not held, "
+             f"{counts['not_judged']} not judged, {counts['not_evaluated']} not evaluated.", "",
+             "| paper | claim | source | method, per seed | baseline, per seed | mean diff ± SE | "
+             "verdict |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        c = r.claim
+        if r.mean_diff is None:
+            diff = "—"
+        else:
+            diff = f"{r.mean_diff:+.4g}" + (f" ± {r.se:.4g}" if r.se is not None else "")
+            diff += f" ({r.test}, n={r.n})"
+            if r.threshold is not None:
+                diff += f"; tolerance {r.threshold:.4g}"
+        lines.append(f"| {c.paper} | {c.text} | {c.source} | {_per_seed(c.method, r.method_values)}"
+                     f" | {_per_seed(c.baseline, r.baseline_values)} | {diff} | {_verdict(r)} |")
     return lines
 
 
@@ -124,22 +237,32 @@ def plot_fid_curves(curves: dict[str, dict[float, float]], title: str):
 
 
 def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERATE_DDPM_DIR,
-                 evaluate_metrics: str | Path = EVALUATE_METRICS,
+                 evaluate_dir: str | Path = EVALUATE_DIR,
                  out_dir: str | Path = REPORT_DIR) -> ReportOutputs:
     out = Path(out_dir)
     lines = [f"# Study {study.name}: {title}", ""]
-    summary: dict[str, dict[str, float]] = {}
-    plots: list[Path] = []
+    summary_: dict[str, dict[str, float]] = {}
+    written: list[Path] = []
+    tracks: dict[str, dict] = {"diffusion": {}, "classification": {}}
     if study.diffusion_algorithms:
-        summary, curves, meta = diffusion_summary(study, Path(ddpm_root))
-        lines += diffusion_table(study, summary, meta) + [""]
+        runs = read_diffusion_runs(study, ddpm_root)
+        tracks["diffusion"] = {a: {s: m for s, (m, _) in by_seed.items()} for a, by_seed in runs.items()}
+        summary_, curves, meta = diffusion_summary(runs)
+        lines += diffusion_table(study, summary_, meta) + [""]
         save_figure(out / "fid_curves.png", plot_fid_curves(curves, f"{study.name}: FID per round"))
-        plots.append(out / "fid_curves.png")
-    cls = read_json(evaluate_metrics)
+        written.append(out / "fid_curves.png")
+    cls, cls_seeds = read_classification(evaluate_dir)
+    tracks["classification"] = cls_seeds
     lines += classification_table(cls) + [""]
+    results = judge_all(all_claims(study), tracks)
+    lines += claims_table(results) + [""]
     text = "\n".join(lines)
     write_text(out / "report.md", text)
-    write_json(out / "metrics.json", {"diffusion": summary,
-                                      "classification": {a: {"test_accuracy": m["test_accuracy"]}
-                                                         for a, m in cls.items()}})
-    return ReportOutputs(text, summary, plots + [out / "report.md"])
+    write_json(out / "claims.json", claims_metrics(results))
+    write_json(out / "metrics.json", {
+        "diffusion": summary_,
+        "classification": {a: {k: m[k] for k in ("test_accuracy", "test_accuracy_std") if k in m}
+                           for a, m in cls.items()},
+        "claims": summary(results)})
+    written += [out / "report.md", out / "claims.json", out / "metrics.json"]
+    return ReportOutputs(text, summary_, results, written)
