@@ -4,7 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench params clean-venv
+.PHONY: run test test-fast lint bench params clean-venv smoke
+
+# Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run`, then its claims.
+SMOKE_STUDIES := $(patsubst conf/study/%.yaml,%,$(wildcard conf/study/*_smoke.yaml))
 
 # Create .venv if missing, install the pinned lock, then the package itself (editable, no deps).
 $(STAMP): requirements.lock pyproject.toml
@@ -16,6 +19,13 @@ $(STAMP): requirements.lock pyproject.toml
 
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+
+smoke: $(STAMP)
+	@for s in $(SMOKE_STUDIES); do \
+	  echo "== study=$$s"; \
+	  PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc exp run -S study=$$s || exit 1; \
+	  $(BIN)/python -m fedpipe.claims data/report/claims.json || exit 1; \
+	done
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
