@@ -74,15 +74,22 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     study = yaml.safe_load((dst / "params.yaml").read_text())["study"]
     diffusion_track = {"feature_extractor", "warmup", "generate", "aux_quality", "report"} | {
         f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
-    assert ran(first) == {"partition", "evaluate"} | {f"federate@{a}" for a in algos} | diffusion_track
+    seeds = study["seeds"]
+    classification = {f"federate@{a}-{s}" for a in algos for s in seeds}
+    assert ran(first) == {"partition", "server_data", "evaluate"} | classification | diffusion_track
     report = (dst / "data/report/report.md").read_text()
     assert all(f"| {a} |" in report for a in study["diffusion_algorithms"] + algos)
     aux = json.loads((dst / "data/aux_quality/metrics.json").read_text())
     assert aux["samples"] == round(0.1 * 1347) and aux["fid_aux"] > 0
     assert len(list((dst / "data/warmup/models").glob("client_*.safetensors"))) == 10
     for a in algos:
-        fed = json.loads((dst / f"data/federate/{a}/metrics.json").read_text())
+        fed = json.loads((dst / f"data/federate/{a}/seed_{seeds[0]}/metrics.json").read_text())
         assert fed["rounds"] == 30 and 0.5 < fed["test_accuracy"] <= 1.0
+        assert (dst / f"data/federate/{a}/seed_{seeds[0]}/clients.csv").is_file()
+    claims = json.loads((dst / "data/report/claims.json").read_text())
+    assert claims["summary"]["claims"] == len(claims["claims"]) > 0
+    assert any(c["paper"] == "fedddpm" for c in claims["claims"])
+    assert json.loads((dst / "data/server_data/manifest.json").read_text()) == {"kinds": {}}
     ev = json.loads((dst / "data/evaluate/metrics.json").read_text())
     assert set(ev) == set(algos)
     assert "| fedavg |" in (dst / "data/evaluate/comparison.md").read_text()
@@ -124,8 +131,10 @@ def test_changing_one_algorithm_reruns_only_that_one(workdir):
     params["algorithms"]["fedprox"]["mu"] = 0.1
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
-    # the diffusion track's FedProx reads the same algorithms.fedprox section
-    assert ran(proc) == {"federate@fedprox", "evaluate", "federate_ddpm@fedprox-0", "report"}
+    # the diffusion track's FedProx reads the same algorithms.fedprox section; server_data reads
+    # every algorithm's section (its server_data field) and writes the same manifest again
+    assert ran(proc) == {"server_data", "federate@fedprox-0", "evaluate", "federate_ddpm@fedprox-0",
+                         "report"}
 
 
 def test_changing_fedddpm_server_lr_reruns_only_fedddpm(workdir):
@@ -134,7 +143,8 @@ def test_changing_fedddpm_server_lr_reruns_only_fedddpm(workdir):
     params["algorithms"]["fedddpm"]["server_lr"] = 1e-4
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
-    assert ran(proc) == {"federate_ddpm@fedddpm-0", "report"}  # no partition, warm-up, generation
+    # no partition, warm-up, generation; server_data re-runs and changes nothing downstream
+    assert ran(proc) == {"server_data", "federate_ddpm@fedddpm-0", "report"}
 
 
 def test_changing_generation_keeps_warmup(workdir):
@@ -145,9 +155,11 @@ def test_changing_generation_keeps_warmup(workdir):
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
     study = params["study"]
-    assert ran(proc) == {"generate", "aux_quality", "report"} | {
+    assert ran(proc) == {"generate", "aux_quality", "server_data", "report"} | {
         f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
+    # no classification method reads the auxiliary set: its runs are not redone
     assert not ran(proc) & {"partition", "warmup", "feature_extractor", "evaluate"}
+    assert not any(s.startswith("federate@") for s in ran(proc))
 
 
 def test_exp_run_with_hydra_override_gives_new_partition(workdir):

@@ -64,16 +64,20 @@ def personal_dir(out: Path) -> Path:
 
 def save_personal(out: Path, personal: dict[int, Weights], global_weights: Weights) -> None:
     """Each client's own model as ``personal/<client>.safetensors``, holding only the entries that
-    differ from the global model (a FedPer client stores its head, a Local client everything); the
-    folder is rewritten whole, so no file of an earlier run survives."""
+    differ from the global model (a FedPer client stores its head, a Local client everything), and
+    ``personal/index.json`` naming them (empty for a method without personal models, so the folder,
+    a DVC output, always exists); no model file of an earlier run survives."""
     d = personal_dir(out)
     if d.is_dir():
         for f in d.glob("*.safetensors"):
             f.unlink()
+    index = {}
     for cid, w in sorted(personal.items()):
         own = {k: v for k, v in w.items() if not torch.equal(v, global_weights[k])}
         save_tensors(d / f"{cid}.safetensors", dict(sorted(own.items())),
                      {"fedpipe.personal": json.dumps({"client": cid, "entries": len(own)})})
+        index[str(cid)] = sorted(own)
+    write_json(d / "index.json", {"clients": index})  # also for a method without personal models
 
 
 def load_personal(out: Path, global_weights: Weights) -> dict[int, Weights]:
@@ -92,8 +96,7 @@ def save_run(out: Path, result: RunResult, model_meta: dict) -> None:
     save_tensors(out / "model.safetensors", dict(sorted(result.state.weights.items())),
                  {"fedpipe.model": json.dumps({**model_meta, "rounds": result.rounds_done},
                                               sort_keys=True)})
-    if result.personal:
-        save_personal(out, result.personal, result.state.weights)
+    save_personal(out, result.personal or {}, result.state.weights)
     cols = history_columns(result.history)
     write_csv(out / "history.csv", cols, [[h.get(c, "") for c in cols] for h in result.history])
     if result.client_history:
