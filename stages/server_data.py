@@ -6,13 +6,24 @@ Reads params: study, algorithms; data/generate/aux.safetensors. Writes data/serv
 
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
+from fedpipe.config.stages import read_seed
+from fedpipe.io import md5_file
 from fedpipe.pipeline.diffusion import AUX_FILE
 from fedpipe.pipeline.server_data import needed_kinds, write_server_data
+from fedpipe.tracking import stage_run
 
 
 def main() -> None:
-    kinds = needed_kinds(load_params())  # validates before any data is loaded
-    manifest = write_server_data(kinds, AUX_FILE)
+    params = load_params()
+    kinds = needed_kinds(params)  # validates before any data is loaded
+    read = {"study.algorithms": (params.get("study") or {}).get("algorithms"),
+            "algorithms": params.get("algorithms")}
+    with stage_run("server_data", read, read_seed(params)) as run:
+        manifest = write_server_data(kinds, AUX_FILE)
+        if kinds:
+            run.log_file_hashes("input", {str(AUX_FILE): md5_file(AUX_FILE)})
+        run.log_tags({f"server_data.{k}": ",".join(v["algorithms"])
+                      for k, v in manifest["kinds"].items()})
     print({k: v["algorithms"] for k, v in manifest["kinds"].items()} or "no server data needed")
 
 
