@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.scaffold import accumulate_gradients, server_step
+from fedpipe.algorithms.scaffold import accumulate_gradients, rule_for_optimizer, server_step
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
 from fedpipe.fl.local import GradsFn, LossFn, local_train
@@ -114,12 +114,8 @@ class MoFedSAMConfig:
 
 
 def delta_rule(choice: str, optimizer: str) -> str:
-    """The Delta rule ``choice`` stands for with local optimizer ``optimizer``: ``auto`` is
-    ``displacement`` for SGD (the paper's setting; bit for bit the earlier behaviour) and
-    ``mean_gradient`` for any other optimizer."""
-    if choice != "auto":
-        return choice
-    return "displacement" if optimizer == "sgd" else "mean_gradient"
+    """The Delta rule: ``auto`` is ``displacement`` for SGD, ``mean_gradient`` otherwise."""
+    return rule_for_optimizer(choice, optimizer, "displacement")
 
 
 def momentum_mix_hook(params: dict[str, nn.Parameter], alpha: float, delta: Weights,

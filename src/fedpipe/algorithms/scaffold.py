@@ -101,13 +101,18 @@ class ScaffoldConfig:
 
 
 # -- SCAFFOLD steps (FedDC reuses the control variates, MoFedSAM the server step) ------------
-def control_variate_rule(choice: str, optimizer: str) -> str:
-    """The control-variate rule ``choice`` stands for with local optimizer ``optimizer``: ``auto`` is
-    ``option2`` for SGD (the paper's setting; bit for bit the earlier behaviour) and
-    ``mean_gradient`` for any other optimizer."""
+def rule_for_optimizer(choice: str, optimizer: str, sgd_rule: str) -> str:
+    """The rule ``choice`` stands for with local optimizer ``optimizer``: ``auto`` is the paper's
+    ``sgd_rule`` for SGD (bit for bit the earlier behaviour) and ``mean_gradient`` for any other
+    optimizer (SCAFFOLD's control variate, MoFedSAM's Delta)."""
     if choice != "auto":
         return choice
-    return "option2" if optimizer == "sgd" else "mean_gradient"
+    return sgd_rule if optimizer == "sgd" else "mean_gradient"
+
+
+def control_variate_rule(choice: str, optimizer: str) -> str:
+    """The control-variate rule: ``auto`` is ``option2`` for SGD, ``mean_gradient`` otherwise."""
+    return rule_for_optimizer(choice, optimizer, "option2")
 
 
 def accumulate_gradients(total: Weights, params: dict[str, nn.Parameter]) -> None:
