@@ -8,12 +8,17 @@ Writes data/aux_quality/ (metrics, per-class CSV and plot).
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
 from fedpipe.config.diffusion import diffusion_stage_config
-from fedpipe.pipeline.aux_quality import aux_quality
+from fedpipe.pipeline.skip import skip_if_unused
 from fedpipe.tracking import stage_run
 
 
 def main() -> None:
-    cfg = diffusion_stage_config(load_params(), "aux_quality")  # validates before any data is loaded
+    params = load_params()
+    if skip_if_unused("aux_quality"):  # not used by this study: placeholders only
+        return
+    # heavy imports (torch, diffusers) only once the stage is known to run
+    from fedpipe.pipeline.aux_quality import aux_quality
+    cfg = diffusion_stage_config(params, "aux_quality")  # validates before any data is loaded
     with stage_run("aux_quality", cfg.params_read, cfg.seed) as run:
         out = aux_quality(cfg)
         run.log_metrics(out["metrics"])

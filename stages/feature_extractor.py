@@ -8,12 +8,17 @@ from fedpipe.cli import run_stage
 from fedpipe.config import load_params
 from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.pipeline.common import check_model
-from fedpipe.pipeline.feature_extractor import feature_extractor
+from fedpipe.pipeline.skip import skip_if_unused
 from fedpipe.tracking import stage_run
 
 
 def main() -> None:
-    cfg = diffusion_stage_config(load_params(), "feature_extractor")  # validates before any compute
+    params = load_params()
+    if skip_if_unused("feature_extractor"):  # not used by this study: placeholders only
+        return
+    # heavy imports (torch, diffusers) only once the stage is known to run
+    from fedpipe.pipeline.feature_extractor import feature_extractor
+    cfg = diffusion_stage_config(params, "feature_extractor")  # validates before any compute
     check_model(cfg.fid.classifier, "fid.classifier")
     with stage_run("feature_extractor", cfg.params_read, cfg.seed) as run:
         out = feature_extractor(cfg)

@@ -7,12 +7,17 @@ Writes data/generate/ (aux.safetensors, sources.json, a sample grid per client, 
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
 from fedpipe.config.diffusion import diffusion_stage_config
-from fedpipe.pipeline.generate import generate
+from fedpipe.pipeline.skip import skip_if_unused
 from fedpipe.tracking import stage_run
 
 
 def main() -> None:
-    cfg = diffusion_stage_config(load_params(), "generate")  # validates before any data is loaded
+    params = load_params()
+    if skip_if_unused("generate"):  # not used by this study: placeholders only
+        return
+    # heavy imports (torch, diffusers) only once the stage is known to run
+    from fedpipe.pipeline.generate import generate
+    cfg = diffusion_stage_config(params, "generate")  # validates before any data is loaded
     with stage_run("generate", cfg.params_read, cfg.seed) as run:
         out = generate(cfg)
         run.log_metrics(out["metrics"])

@@ -7,12 +7,17 @@ checkpoint per client, loss curves, metrics). Resumes at the first unfinished cl
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
 from fedpipe.config.diffusion import diffusion_stage_config
-from fedpipe.pipeline.warmup import warmup
+from fedpipe.pipeline.skip import skip_if_unused
 from fedpipe.tracking import stage_run
 
 
 def main() -> None:
-    cfg = diffusion_stage_config(load_params(), "warmup")  # validates before any data is loaded
+    params = load_params()
+    if skip_if_unused("warmup"):  # not used by this study: placeholders only
+        return
+    # heavy imports (torch, diffusers) only once the stage is known to run
+    from fedpipe.pipeline.warmup import warmup
+    cfg = diffusion_stage_config(params, "warmup")  # validates before any data is loaded
     with stage_run("warmup", cfg.params_read, cfg.seed) as run:
         out = warmup(cfg)
         for cid, losses in sorted(out.losses.items()):

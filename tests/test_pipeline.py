@@ -76,7 +76,7 @@ def test_repro_outputs_then_nothing_reruns(workdir):
         f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
     seeds = study["seeds"]
     classification = {f"federate@{a}-{s}" for a in algos for s in seeds}
-    assert ran(first) == {"partition", "server_data", "evaluate"} | classification | diffusion_track
+    assert ran(first) == {"plan", "partition", "server_data", "evaluate"} | classification | diffusion_track
     report = (dst / "data/report/report.md").read_text()
     assert all(f"| {a} |" in report for a in study["diffusion_algorithms"] + algos)
     aux = json.loads((dst / "data/aux_quality/metrics.json").read_text())
@@ -133,7 +133,7 @@ def test_changing_one_algorithm_reruns_only_that_one(workdir):
     proc = sh(["dvc", "repro"], dst, env)
     # the diffusion track's FedProx reads the same algorithms.fedprox section; server_data reads
     # every algorithm's section (its server_data field) and writes the same manifest again
-    assert ran(proc) == {"server_data", "federate@fedprox-0", "evaluate", "federate_ddpm@fedprox-0",
+    assert ran(proc) == {"plan", "server_data", "federate@fedprox-0", "evaluate", "federate_ddpm@fedprox-0",
                          "report"}
 
 
@@ -143,8 +143,8 @@ def test_changing_fedddpm_server_lr_reruns_only_fedddpm(workdir):
     params["algorithms"]["fedddpm"]["server_lr"] = 1e-4
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
-    # no partition, warm-up, generation; server_data re-runs and changes nothing downstream
-    assert ran(proc) == {"server_data", "federate_ddpm@fedddpm-0", "report"}
+    # no partition, warm-up, generation; plan and server_data re-run and change nothing downstream
+    assert ran(proc) == {"plan", "server_data", "federate_ddpm@fedddpm-0", "report"}
 
 
 def test_changing_generation_keeps_warmup(workdir):
@@ -175,3 +175,27 @@ def test_exp_run_with_hydra_override_gives_new_partition(workdir):
     assert after_emd != before_emd
     show = sh(["dvc", "exp", "show", "--json"], dst, env).stdout
     assert "emd_mean" in show
+
+
+def test_classification_only_study_skips_the_diffusion_side(workdir):
+    """A study without diffusion-track methods or generated server data pays for no warm-up: the
+    plan skips feature_extractor, warmup, generate and aux_quality (placeholders only), the report
+    still comes out, and an input of a skipped stage fails with one line."""
+    dst, env = workdir
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    params["study"] = {**params["study"], "algorithms": ["fedavg"], "diffusion_algorithms": []}
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = sh(["dvc", "repro"], dst, env)
+    for stage in ("feature_extractor", "warmup", "generate", "aux_quality"):
+        assert f"{stage}: skipped" in proc.stdout
+    assert json.loads((dst / "data/plan/diffusion.json").read_text()) == {"run": False}
+    assert not list((dst / "data/warmup/models").glob("client_*.safetensors"))
+    assert (dst / "data/warmup/models/SKIPPED.json").is_file()
+    assert not any(s.startswith("federate_ddpm@") for s in ran(proc))
+    assert "| fedavg |" in (dst / "data/report/report.md").read_text()
+    bad = subprocess.run([str(BIN / "python"), "-c", "from fedpipe.cli import run_stage; "
+                          "from fedpipe.io import load_tensors; "
+                          "run_stage(lambda: load_tensors('data/generate/aux.safetensors'))"],
+                         cwd=dst, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "was not built" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

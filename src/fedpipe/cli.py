@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from fedpipe.config import ConfigError
 from fedpipe.data import DatasetNotFoundError
-from fedpipe.errors import DivergenceError
+from fedpipe.errors import DivergenceError, SkippedStageError
 
 EXIT_CONFIG = 2
 EXIT_DIVERGED = 3
@@ -33,7 +33,7 @@ def run_stage(main: Callable[[], None]) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         main()
-    except (ConfigError, DatasetNotFoundError) as e:
+    except (ConfigError, DatasetNotFoundError, SkippedStageError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     except DivergenceError as e:

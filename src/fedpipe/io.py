@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 
 @contextlib.contextmanager
@@ -91,8 +91,22 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
         save_file(clean, str(tmp), metadata=dict(metadata) if metadata else None)
 
 
+SKIPPED_KEY = "fedpipe_skipped"  # metadata key of a skipped stage's placeholder (pipeline.plan)
+
+
 def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
+    """The tensors of a safetensors file; a skipped stage's placeholder raises SkippedStageError."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if SKIPPED_KEY in meta:
+            from fedpipe.errors import SkippedStageError
+
+            raise SkippedStageError(
+                f"{path} was not built: its stage was skipped because the study does not use it "
+                "(data/plan/diffusion.json); add a method that needs it to the study, then `dvc repro`")
+        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
 
 
 def read_metadata(path: str | os.PathLike, key: str) -> Any:

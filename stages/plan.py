@@ -1,0 +1,24 @@
+"""DVC stage `plan`: which stages the study uses (fedpipe.pipeline.plan); the diffusion-side stages
+depend on data/plan/diffusion.json and skip themselves when the study does not use them.
+
+Reads params: study, algorithms. Writes data/plan/diffusion.json and data/federate_ddpm/plan.json.
+"""
+
+from fedpipe.cli import run_stage
+from fedpipe.config import load_params
+from fedpipe.config.stages import read_seed
+from fedpipe.pipeline.plan import write_plan
+from fedpipe.tracking import stage_run
+
+
+def main() -> None:
+    params = load_params()
+    read = {"study": params.get("study"), "algorithms": params.get("algorithms")}
+    with stage_run("plan", read, read_seed(params)) as run:
+        plan = write_plan(params)  # validates study and algorithms; no data is loaded
+        run.log_tags({"plan.diffusion": str(plan["diffusion"]).lower()})
+    print("diffusion side:", "used" if plan["diffusion"] else "skipped (not used by this study)")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,84 @@
+"""The study plan: which stages a study uses, and what a skipped stage leaves behind."""
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from fedpipe.errors import SkippedStageError
+from fedpipe.io import load_tensors, save_tensors
+from fedpipe.pipeline.plan import DDPM_TRACK_PLAN, uses_diffusion, write_plan
+from fedpipe.pipeline.skip import DIFFUSION_PLAN, SKIPPED_FILE, skip_if_unused, stage_outputs
+
+
+def params(algorithms, diffusion, **algo_sections):
+    return {"study": {"algorithms": algorithms, "diffusion_algorithms": diffusion, "seeds": [0, 1]},
+            "algorithms": {a: {} for a in algorithms + diffusion} | algo_sections}
+
+
+def test_the_diffusion_side_is_used_by_a_diffusion_method_or_by_generated_server_data():
+    assert not uses_diffusion(params(["fedavg", "fedper"], []))
+    assert uses_diffusion(params(["fedavg"], ["fedavg"]))
+    # FedDDPM on the classification track declares the auxiliary set as its server data
+    assert uses_diffusion(params(["fedavg", "fedddpm"], []))
+
+
+def test_write_plan_writes_the_decision_and_the_track(tmp_path):
+    plan = write_plan(params(["fedavg"], []), tmp_path)
+    assert plan["diffusion"] is False
+    assert json.loads((tmp_path / DIFFUSION_PLAN).read_text()) == {"run": False}
+    assert json.loads((tmp_path / DDPM_TRACK_PLAN).read_text()) == {"algorithms": [], "seeds": [0, 1]}
+    # changing the seeds or the classification methods leaves the decision file byte-identical
+    before = (tmp_path / DIFFUSION_PLAN).read_bytes()
+    write_plan(params(["fedavg", "local"], []), tmp_path)
+    assert (tmp_path / DIFFUSION_PLAN).read_bytes() == before
+
+
+def test_stage_outputs_reads_every_declared_output(repo_root):
+    outs = stage_outputs("warmup", repo_root / "dvc.yaml")
+    assert outs == ["data/warmup/models", "data/warmup/losses.png", "data/warmup/metrics.json",
+                    "data/warmup/losses.csv"]
+
+
+@pytest.fixture
+def fake_stage(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dvc = {"stages": {"gen": {"cmd": "x", "outs": ["out/aux.safetensors", "out/grids", "out/a.png",
+                                                    {"out/notes.md": {"cache": False}}],
+                              "metrics": [{"out/metrics.json": {"cache": False}}],
+                              "plots": [{"out/curve.csv": {"cache": False}}]}}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
+    DIFFUSION_PLAN.parent.mkdir(parents=True)
+    return tmp_path
+
+
+def test_a_skipped_stage_writes_marked_placeholders(fake_stage):
+    DIFFUSION_PLAN.write_text(json.dumps({"run": False}))
+    (fake_stage / "out/grids").mkdir(parents=True)
+    (fake_stage / "out/grids/client_000.png").write_bytes(b"stale")
+    assert skip_if_unused("gen") is True
+    out = fake_stage / "out"
+    assert json.loads((out / "grids" / SKIPPED_FILE).read_text())["skipped"].startswith("stage gen")
+    assert not (out / "grids/client_000.png").exists()  # a folder out is replaced whole
+    assert "skipped" in json.loads((out / "metrics.json").read_text())
+    assert (out / "curve.csv").read_text() == "skipped\n"
+    assert (out / "a.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "notes.md").read_text().startswith("skipped: stage gen")
+    with pytest.raises(SkippedStageError, match="out/aux.safetensors was not built"):
+        load_tensors(out / "aux.safetensors")
+
+
+def test_a_used_stage_runs_and_clears_its_folder_placeholder(fake_stage):
+    DIFFUSION_PLAN.write_text(json.dumps({"run": False}))
+    skip_if_unused("gen")
+    DIFFUSION_PLAN.write_text(json.dumps({"run": True}))
+    assert skip_if_unused("gen") is False
+    assert not (fake_stage / "out/grids" / SKIPPED_FILE).exists()
+    save_tensors(fake_stage / "out/aux.safetensors", {"x": torch.ones(2)})
+    assert load_tensors(fake_stage / "out/aux.safetensors")["x"].tolist() == [1.0, 1.0]
+
+
+def test_a_missing_plan_is_one_clear_error(fake_stage):
+    with pytest.raises(SkippedStageError, match="dvc repro plan"):
+        skip_if_unused("gen")
