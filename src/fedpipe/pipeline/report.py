@@ -39,6 +39,7 @@ import numpy as np
 from fedpipe.claims import RULE, ClaimResult, all_claims, claims_metrics, judge_all, summary
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import read_json, save_figure, write_json, write_text
+from fedpipe.pipeline.skip import write_placeholder
 from fedpipe.reference import CITATION, describe, paper_fid, paper_stop_round
 
 REPORT_DIR = Path("data/report")
@@ -251,6 +252,8 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
         lines += diffusion_table(study, summary_, meta) + [""]
         save_figure(out / "fid_curves.png", plot_fid_curves(curves, f"{study.name}: FID per round"))
         written.append(out / "fid_curves.png")
+    else:  # a DVC output of the stage: say why it is empty
+        write_placeholder(out / "fid_curves.png", "no diffusion-track method in this study")
     cls, cls_seeds = read_classification(evaluate_dir)
     tracks["classification"] = cls_seeds
     lines += classification_table(cls) + [""]
