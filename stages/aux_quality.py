@@ -14,11 +14,11 @@ from fedpipe.tracking import stage_run
 
 def main() -> None:
     params = load_params()
+    cfg = diffusion_stage_config(params, "aux_quality")  # validates before any data is loaded
     if skip_if_unused("aux_quality"):  # not used by this study: placeholders only
         return
     # heavy imports (torch, diffusers) only once the stage is known to run
     from fedpipe.pipeline.aux_quality import aux_quality
-    cfg = diffusion_stage_config(params, "aux_quality")  # validates before any data is loaded
     with stage_run("aux_quality", cfg.params_read, cfg.seed) as run:
         out = aux_quality(cfg)
         run.log_metrics(out["metrics"])

@@ -14,11 +14,11 @@ from fedpipe.tracking import stage_run
 
 def main() -> None:
     params = load_params()
+    cfg = diffusion_stage_config(params, "feature_extractor")  # validates before any compute
     if skip_if_unused("feature_extractor"):  # not used by this study: placeholders only
         return
     # heavy imports (torch, diffusers) only once the stage is known to run
     from fedpipe.pipeline.feature_extractor import feature_extractor
-    cfg = diffusion_stage_config(params, "feature_extractor")  # validates before any compute
     check_model(cfg.fid.classifier, "fid.classifier")
     with stage_run("feature_extractor", cfg.params_read, cfg.seed) as run:
         out = feature_extractor(cfg)

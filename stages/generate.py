@@ -13,11 +13,11 @@ from fedpipe.tracking import stage_run
 
 def main() -> None:
     params = load_params()
+    cfg = diffusion_stage_config(params, "generate")  # validates before any data is loaded
     if skip_if_unused("generate"):  # not used by this study: placeholders only
         return
     # heavy imports (torch, diffusers) only once the stage is known to run
     from fedpipe.pipeline.generate import generate
-    cfg = diffusion_stage_config(params, "generate")  # validates before any data is loaded
     with stage_run("generate", cfg.params_read, cfg.seed) as run:
         out = generate(cfg)
         run.log_metrics(out["metrics"])

@@ -13,11 +13,11 @@ from fedpipe.tracking import stage_run
 
 def main() -> None:
     params = load_params()
+    cfg = diffusion_stage_config(params, "warmup")  # validates before any data is loaded
     if skip_if_unused("warmup"):  # not used by this study: placeholders only
         return
     # heavy imports (torch, diffusers) only once the stage is known to run
     from fedpipe.pipeline.warmup import warmup
-    cfg = diffusion_stage_config(params, "warmup")  # validates before any data is loaded
     with stage_run("warmup", cfg.params_read, cfg.seed) as run:
         out = warmup(cfg)
         for cid, losses in sorted(out.losses.items()):

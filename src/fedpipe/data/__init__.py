@@ -1,6 +1,11 @@
-"""Data layer: dataset registry, partitioners, client feature skew, partition statistics."""
+"""Data layer: dataset registry, partitioners, client feature skew, partition statistics, corruptions.
 
-from fedpipe.data.corruptions import CORRUPTIONS, corrupt, corrupted_split, corrupted_test_sets
+The corruptions (:mod:`fedpipe.data.corruptions`) load on first use: they import torchvision's
+transforms (about a second), which most stages never need.
+"""
+
+from typing import Any
+
 from fedpipe.data.datasets import (
     Dataset,
     DatasetMeta,
@@ -30,3 +35,13 @@ __all__ = [
     "corrupted_split",
     "corrupted_test_sets",
 ]
+
+_LAZY = {"CORRUPTIONS", "corrupt", "corrupted_split", "corrupted_test_sets"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from fedpipe.data import corruptions
+
+        return getattr(corruptions, name)
+    raise AttributeError(f"module 'fedpipe.data' has no attribute {name!r}")

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2 import functional as TF
 
 from fedpipe.data.datasets import Split
 from fedpipe.data.partition import Partition
@@ -27,6 +25,9 @@ def apply_feature_skew(x: torch.Tensor, kind: str, value: float,
     if kind == "rotation":
         if value % 90 == 0:  # exact for right angles
             return torch.rot90(x, k=int(value // 90) % 4, dims=(-2, -1))
+        from torchvision.transforms.v2 import InterpolationMode  # on first use (a second of imports)
+        from torchvision.transforms.v2 import functional as TF
+
         return TF.rotate(x, angle=float(value), interpolation=InterpolationMode.BILINEAR)
     if kind == "noise":
         if generator is None:

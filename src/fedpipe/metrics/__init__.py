@@ -1,4 +1,10 @@
-"""Metrics: accuracy (global, per-client, personalized), fairness summaries, and FID."""
+"""Metrics: accuracy (global, per-client, personalized), fairness summaries, and FID.
+
+The FID names (:mod:`fedpipe.metrics.fid`) load on first use: torchmetrics' FID costs about a second of
+imports, which the classification stages never need.
+"""
+
+from typing import Any
 
 from fedpipe.metrics.accuracy import (
     client_accuracy_summary,
@@ -10,15 +16,6 @@ from fedpipe.metrics.fairness import (
     clustering_nmi,
     fairness_summary,
     sigma_acc,
-)
-from fedpipe.metrics.fid import (
-    FID,
-    ClassifierFeatures,
-    InceptionFeatures,
-    ReferenceMismatchError,
-    inception_extractor,
-    load_reference,
-    save_reference,
 )
 from fedpipe.metrics.personalized import (
     class_weights,
@@ -49,3 +46,14 @@ __all__ = [
     "train_class_counts",
     "weighted_client_accuracy",
 ]
+
+_FID_NAMES = {"FID", "ClassifierFeatures", "InceptionFeatures", "ReferenceMismatchError",
+              "inception_extractor", "load_reference", "save_reference"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FID_NAMES:
+        from fedpipe.metrics import fid
+
+        return getattr(fid, name)
+    raise AttributeError(f"module 'fedpipe.metrics' has no attribute {name!r}")

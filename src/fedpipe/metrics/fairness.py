@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from sklearn.metrics import normalized_mutual_info_score
 
 from fedpipe.metrics.accuracy import client_accuracy_summary
 
@@ -95,6 +94,8 @@ def clustering_nmi(labels_pred: np.ndarray, labels_true: np.ndarray) -> float:
     if pred.shape != true.shape or pred.size == 0:
         raise ValueError(f"labels_pred ({pred.size}) and labels_true ({true.size}) must be non-empty "
                          "and of the same length")
+    from sklearn.metrics import normalized_mutual_info_score  # on first use (a second of imports)
+
     return float(normalized_mutual_info_score(true, pred))
 
 

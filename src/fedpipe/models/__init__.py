@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -20,7 +21,6 @@ from fedpipe.models.classifiers import (
     Normalize,
     ResNet18,
 )
-from fedpipe.models.unet import UNET_PRESETS, NoisePredictor, build_unet
 
 MODELS: dict[str, Callable[..., Classifier]] = {
     "mlp": MLP,  # Equitable-FL, MNIST "simple" model
@@ -63,3 +63,13 @@ __all__ = [
     "build_model",
     "build_unet",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The UNet names (:mod:`fedpipe.models.unet`) load on first use: diffusers costs seconds of
+    imports, which the classification stages never need."""
+    if name in ("UNET_PRESETS", "NoisePredictor", "build_unet"):
+        from fedpipe.models import unet
+
+        return getattr(unet, name)
+    raise AttributeError(f"module 'fedpipe.models' has no attribute {name!r}")

@@ -5,9 +5,10 @@ algorithms are task-agnostic; FedDDPM and FedDDPM+ add the server calibration on
 Round loop and local training come from the ``diffusion_fl`` section (same schema as ``fl``; the
 paper's aggregation is the unweighted mean of eq. 9, ``aggregation: uniform``). Every
 ``diffusion_fl.eval_every`` rounds the global model is scored: the epsilon-MSE on the real test set and
-an FID on ``fid.curve_samples`` generated images (the FID-per-round curve; the same sampling noise at
-every point, so the curve shows the model's change, not the sampler's). At the end: the FID on
-``fid.num_samples`` images, a sample grid, and for FedDDPM(+) the server cost.
+an FID on ``fid.curve_samples`` images generated with ``fid.curve_sampler`` (the FID-per-round curve;
+DDIM by default, a fraction of the cost of all T steps; the same sampling noise at every point, so the
+curve shows the model's change, not the sampler's). At the end: the FID on ``fid.num_samples`` images
+drawn with ``fid.sampler``, a sample grid, and for FedDDPM(+) the server cost.
 
 A method that declares server data (FedDDPM, FedDDPM+: ``server_data: aux``) gets the auxiliary set
 as :class:`~fedpipe.fl.ServerData`; every method gets the FID of ``n`` samples as the round's
@@ -93,19 +94,23 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
 
 
 def sample_images(task: DiffusionTask, model: torch.nn.Module, n: int, cfg: DDPMTrainConfig,
-                  class_counts: np.ndarray, gen: torch.Generator) -> torch.Tensor:
-    """``n`` images from ``model`` with ``fid.sampler`` (labels in proportion to the training set's
-    class counts when the model is class-conditional)."""
+                  class_counts: np.ndarray, gen: torch.Generator, sampler: str | None = None
+                  ) -> torch.Tensor:
+    """``n`` images from ``model`` with ``sampler`` (default ``fid.sampler``; labels in proportion to
+    the training set's class counts when the model is class-conditional)."""
+    sampler = sampler or cfg.fid.sampler
     labels = requested_labels(n, class_counts) if cfg.diffusion.conditional else None
-    steps = cfg.diffusion.num_train_timesteps if cfg.fid.sampler == "ddpm" else cfg.fid.ddim_steps
-    return task.sample(model, n, labels=labels, sampler=cfg.fid.sampler, steps=steps, generator=gen,
+    T = cfg.diffusion.num_train_timesteps
+    steps = T if sampler == "ddpm" else min(cfg.fid.ddim_steps, T)  # DDIM takes at most T steps
+    return task.sample(model, n, labels=labels, sampler=sampler, steps=steps, generator=gen,
                        batch_size=cfg.fid.batch_size)
 
 
-def fid_of(task: DiffusionTask, tools: FIDTools, cfg: DDPMTrainConfig, class_counts: np.ndarray
-           ) -> Callable[[torch.nn.Module, int, torch.Generator], float]:
+def fid_of(task: DiffusionTask, tools: FIDTools, cfg: DDPMTrainConfig, class_counts: np.ndarray,
+           sampler: str | None = None) -> Callable[[torch.nn.Module, int, torch.Generator], float]:
+    """FID of ``n`` samples of a model drawn with ``sampler`` (default ``fid.sampler``)."""
     def score(model: torch.nn.Module, n: int, gen: torch.Generator) -> float:
-        x = sample_images(task, model, n, cfg, class_counts, gen)
+        x = sample_images(task, model, n, cfg, class_counts, gen, sampler)
         return tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
     return score
 
@@ -130,7 +135,8 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
 
     strategy = ALGORITHMS[cfg.algorithm](task, model_fn, cfg.fl.local, cfg.algo_cfg,
                                          aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
-    score = fid_of(task, tools, cfg, class_counts)
+    score = fid_of(task, tools, cfg, class_counts)  # the round's score (FedDDPM+'s QuickTest)
+    curve_score = fid_of(task, tools, cfg, class_counts, cfg.fid.curve_sampler)
     inputs = {str(partition_path): md5_file(partition_path)}
     server_data, kind = None, strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":
@@ -143,7 +149,7 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     def evaluate(state, personal=None) -> dict[str, float]:
         model = strategy.global_model(state).to(device)
         res = task.evaluate(model, ds.test.x, ds.test.y)
-        fid = score(model, cfg.fid.curve_samples, torch_generator(cfg.seed, "fid-curve"))
+        fid = curve_score(model, cfg.fid.curve_samples, torch_generator(cfg.seed, "fid-curve"))
         return {"loss": res["loss"], "fid": fid}
 
     fp = params_fingerprint(cfg.params_read, *inputs)  # a checkpoint resumes only on a match
@@ -162,7 +168,8 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     write_json(out / "quicktest.json", {"trace": meta.get("quicktest", []),
                                         "stopped_at": meta.get("stopped_at")})
     final = {"fid": final_fid, "fid_samples": cfg.fid.num_samples, "extractor": tools.fid.name,
-             "sampler": cfg.fid.sampler, "rounds": result.rounds_done,
+             "sampler": cfg.fid.sampler, "curve_sampler": cfg.fid.curve_sampler,
+             "curve_samples": cfg.fid.curve_samples, "rounds": result.rounds_done,
              "stopped_at": meta.get("stopped_at") or result.rounds_done,
              "server_steps": meta.get("server_steps", 0),
              "final_train_loss": result.history[-1]["train_loss"],

@@ -114,7 +114,8 @@ def diffusion_summary(runs: dict[str, dict[int, tuple[dict, list]]]) -> tuple[di
                 if "test_fid" in h:
                     points.setdefault(h["round"], []).append(h["test_fid"])
         curves[algo] = {r: float(np.mean(v)) for r, v in sorted(points.items())}
-        meta = {k: ms[0].get(k) for k in ("extractor", "fid_samples", "sampler")}
+        meta = {k: ms[0].get(k) for k in ("extractor", "fid_samples", "sampler", "curve_sampler",
+                                           "curve_samples")}
     return summary_, curves, meta
 
 
@@ -221,7 +222,7 @@ def claims_table(results: list[ClaimResult]) -> list[str]:
     return lines
 
 
-def plot_fid_curves(curves: dict[str, dict[float, float]], title: str):
+def plot_fid_curves(curves: dict[str, dict[float, float]], title: str, meta: dict | None = None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -231,7 +232,10 @@ def plot_fid_curves(curves: dict[str, dict[float, float]], title: str):
     for algo, pts in curves.items():
         ax.plot(list(pts), list(pts.values()), marker=".", label=algo)
     ax.set_xlabel("round")
-    ax.set_ylabel("FID (curve samples)")
+    meta = meta or {}
+    how = ", ".join(str(v) for v in (f"{meta['curve_samples']} samples" if meta.get("curve_samples")
+                                     else None, meta.get("curve_sampler")) if v)
+    ax.set_ylabel(f"FID ({how})" if how else "FID (curve samples)")
     ax.set_title(title)
     ax.legend(fontsize=8)
     return fig
@@ -250,7 +254,7 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
         tracks["diffusion"] = {a: {s: m for s, (m, _) in by_seed.items()} for a, by_seed in runs.items()}
         summary_, curves, meta = diffusion_summary(runs)
         lines += diffusion_table(study, summary_, meta) + [""]
-        save_figure(out / "fid_curves.png", plot_fid_curves(curves, f"{study.name}: FID per round"))
+        save_figure(out / "fid_curves.png", plot_fid_curves(curves, f"{study.name}: FID per round", meta))
         written.append(out / "fid_curves.png")
     else:  # a DVC output of the stage: say why it is empty
         write_placeholder(out / "fid_curves.png", "no diffusion-track method in this study")

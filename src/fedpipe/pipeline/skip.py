@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedpipe.errors import SkippedStageError
 from fedpipe.io import SKIPPED_KEY, read_json, save_tensors, write_csv, write_json, write_text
 
 DIFFUSION_PLAN = Path("data/plan/diffusion.json")
@@ -69,11 +68,11 @@ def _placeholder_png(path: Path, reason: str) -> None:
 
 def skip_if_unused(stage: str, plan: str | Path = DIFFUSION_PLAN,
                    dvc_yaml: str | Path = "dvc.yaml") -> bool:
-    """If the plan says the study does not use ``stage``, write its placeholders and return True."""
-    if not Path(plan).is_file():
-        raise SkippedStageError(f"{plan} is missing: run `dvc repro plan` first")
+    """If the plan says the study does not use ``stage``, write its placeholders and return True.
+
+    Without a plan file (the script run by hand, outside ``dvc repro``) the stage runs."""
     outputs = stage_outputs(stage, dvc_yaml)
-    if read_json(plan).get("run", True):
+    if not Path(plan).is_file() or read_json(plan).get("run", True):  # no plan: run as asked
         for out in outputs:  # a folder that held a placeholder is the real output again
             if not Path(out).suffix:
                 (Path(out) / SKIPPED_FILE).unlink(missing_ok=True)

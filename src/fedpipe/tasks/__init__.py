@@ -6,13 +6,11 @@ call ``task.loss(model, batch, generator)``; a diffusion task fits the same inte
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from fedpipe.tasks.diffusion import DiffusionTask
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -69,6 +67,17 @@ class ClassificationTask:
         return {"loss": float(loss_sum) / n, "accuracy": float(correct) / n, "n": float(len(y))}
 
 
-TASKS = {"classification": ClassificationTask, "diffusion": DiffusionTask}
 
 __all__ = ["Batch", "ClassificationTask", "DiffusionTask", "TASKS", "Task"]
+
+
+def __getattr__(name: str) -> Any:
+    """``DiffusionTask`` (and ``TASKS``, which names it) load on first use: it imports diffusers
+    (seconds), which the classification stages never need."""
+    if name in ("DiffusionTask", "TASKS"):
+        from fedpipe.tasks.diffusion import DiffusionTask
+
+        if name == "TASKS":
+            return {"classification": ClassificationTask, "diffusion": DiffusionTask}
+        return DiffusionTask
+    raise AttributeError(f"module 'fedpipe.tasks' has no attribute {name!r}")
