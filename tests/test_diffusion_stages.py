@@ -153,6 +153,36 @@ def test_warmup_resumes_at_first_unfinished_client(tiny_partition, tmp_path):
     assert warmup(other, tmp_path / "w1", part_path, progress=False).trained == [0, 1, 2, 3]
 
 
+def test_warmup_in_worker_processes_gives_the_same_checkpoints(tiny_partition, tmp_path):
+    """Two spawned one-thread workers train the clients side by side: the same weights and losses,
+    bit for bit, as one after the other in this process; a resumed client is not redone."""
+    part_path, params = tiny_partition
+    cfg = diffusion_stage_config(params, "warmup")
+    serial = warmup(cfg, tmp_path / "serial", part_path, progress=False, workers=1)
+    warmup(cfg, tmp_path / "par", part_path, progress=False, workers=2, stop_after=1)
+    par = warmup(cfg, tmp_path / "par", part_path, progress=False, workers=2)
+    assert par.trained == [1, 2, 3]
+    assert par.losses == serial.losses
+    for cid in range(4):
+        a = load_tensors(client_path(tmp_path / "serial" / "models", cid))
+        b = load_tensors(client_path(tmp_path / "par" / "models", cid))
+        assert all(torch.equal(a[k], b[k]) for k in a), cid
+
+
+def test_worker_count_reads_the_environment(monkeypatch):
+    from fedpipe.config import ConfigError
+    from fedpipe.pipeline.workers import worker_count
+
+    monkeypatch.setenv("FEDPIPE_WORKERS", "3")
+    assert worker_count() == 3
+    monkeypatch.delenv("FEDPIPE_WORKERS")
+    assert worker_count() >= 1
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("FEDPIPE_WORKERS", bad)
+        with pytest.raises(ConfigError, match="FEDPIPE_WORKERS"):
+            worker_count()
+
+
 def test_warmup_ema_weights_differ_from_raw(tiny_partition, tmp_path):
     part_path, params = tiny_partition
     raw = warmup(diffusion_stage_config(params, "warmup"), tmp_path / "raw", part_path, progress=False)
@@ -187,6 +217,17 @@ def test_generate_and_aux_quality(tmp_path, conditional):
     again = generate(cfg, tmp_path / "gen2", tmp_path / "warmup", part_path, progress=False)
     assert again["outputs"][str(tmp_path / "gen2" / "aux.safetensors")] == \
         out["outputs"][str(tmp_path / "gen" / "aux.safetensors")]  # bit-identical re-run
+    if conditional:  # two worker processes: the same bits in the same client order
+        import os
+
+        os.environ["FEDPIPE_WORKERS"] = "2"
+        try:
+            par = generate(cfg, tmp_path / "gen3", tmp_path / "warmup", part_path, progress=False)
+        finally:
+            os.environ["FEDPIPE_WORKERS"] = "1"
+        assert par["outputs"][str(tmp_path / "gen3" / "aux.safetensors")] == \
+            out["outputs"][str(tmp_path / "gen" / "aux.safetensors")]
+        assert read_json(tmp_path / "gen3" / "sources.json") == sources
 
     fe = feature_extractor(cfg, tmp_path / "fid", progress=False)
     assert fe["metrics"]["extractor"] == "classifier:lenet"

@@ -12,6 +12,7 @@ unconditional, ``client`` int64 per row), ``sources.json`` (which client produce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -28,6 +29,7 @@ from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_
 from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet, resolve_device
 from fedpipe.pipeline.inputs import PARTITION_PATH, load_partition
 from fedpipe.pipeline.warmup import client_path
+from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
 from fedpipe.rng import torch_generator
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,21 @@ def plot_grid(images: torch.Tensor, title: str, max_images: int = 64):
     return fig
 
 
+def _sample_client(job: tuple, device: torch.device | str = "cpu") -> tuple[int, torch.Tensor]:
+    """One client's share of the auxiliary set, from its warm-up model and its own seeded stream (in
+    a worker process or in the stage's, always with one torch thread on the CPU: the same bits)."""
+    cfg, meta, cid, n, y, path = job
+    g = cfg.generate
+    steps = cfg.diffusion.num_train_timesteps if g.sampler == "ddpm" else g.ddim_steps
+    model = make_unet(cfg.diffusion, meta, cfg.seed, "warmup-init", cid)
+    model.load_state_dict(load_tensors(path))
+    model.to(device)
+    x = make_task(cfg.diffusion).sample(model, n, labels=y, sampler=g.sampler, steps=steps,
+                                        generator=torch_generator(cfg.seed, "generate", cid),
+                                        batch_size=g.batch_size)
+    return cid, x
+
+
 def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
              warmup_dir: str | Path = WARMUP_DIR, partition_path: str | Path = PARTITION_PATH,
              progress: bool = True) -> dict:
@@ -87,7 +104,6 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
     out = Path(out_dir)
     part = load_partition(partition_path)
     ds = load_dataset(cfg.dataset)
-    task = make_task(cfg.diffusion)
     device = resolve_device(cfg.diffusion.device)
     g = cfg.generate
     counts = aux_counts(part.sizes(), g.ratio)
@@ -95,30 +111,41 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
     train_y = ds.train.y.numpy()
     images, labels, owner, sources = [], [], [], {}
     start, t0 = 0, time.perf_counter()
-    bar = tqdm(total=int(counts.sum()), desc="generate", unit="img", disable=not progress)
+    jobs = []
     for cid, n in enumerate(counts.tolist()):
-        sources[str(cid)] = {"start": start, "count": n}
         if n == 0:
             continue
         path = client_path(Path(warmup_dir) / "models", cid)
         if not path.is_file():
             raise FileNotFoundError(f"generate: missing warm-up model {path} (run `dvc repro warmup`)")
-        model = make_unet(cfg.diffusion, ds.meta, cfg.seed, "warmup-init", cid)
-        model.load_state_dict(load_tensors(path))
-        model.to(device)
         y = None
         if cfg.diffusion.conditional:
             y = requested_labels(n, np.bincount(train_y[part.train[cid]], minlength=ds.meta.num_classes))
-        x = task.sample(model, n, labels=y, sampler=g.sampler, steps=steps,
-                        generator=torch_generator(cfg.seed, "generate", cid), batch_size=g.batch_size)
+        jobs.append((cfg, ds.meta, cid, n, y, path))
+    samples: dict[int, torch.Tensor] = {}
+    bar = tqdm(total=int(counts.sum()), desc="generate", unit="img", disable=not progress)
+    n_workers = min(worker_count(), len(jobs))
+    if n_workers <= 1 or device.type != "cpu":
+        for job in jobs:
+            with one_thread() if device.type == "cpu" else contextlib.nullcontext():
+                cid, samples[job[2]] = _sample_client(job, device)
+            bar.update(job[3])
+    else:
+        bar.set_description(f"generate ({n_workers} processes)")
+        for cid, x in map_in_processes(_sample_client, jobs, n_workers):
+            samples[cid] = x
+            bar.update(len(x))
+    bar.close()
+    for _, _, cid, n, y, _ in jobs:  # in client order, whatever order they finished in
+        x = samples[cid]
         images.append(x)
         labels.append(y if y is not None else torch.full((n,), -1, dtype=torch.int64))
         owner.append(torch.full((n,), cid, dtype=torch.int64))
         save_figure(out / "grids" / f"client_{cid:03d}.png",
                     plot_grid(x, f"client {cid}: {n} samples ({g.sampler}, {steps} steps)"))
+    for cid, n in enumerate(counts.tolist()):
+        sources[str(cid)] = {"start": start, "count": n}
         start += n
-        bar.update(n)
-    bar.close()
     seconds = time.perf_counter() - t0
     meta = {"sampler": g.sampler, "steps": steps, "ratio": g.ratio,
             "conditional": cfg.diffusion.conditional, "total": int(counts.sum()),

@@ -5,6 +5,12 @@ Outputs ``data/warmup/models/client_XXX.safetensors`` (one checkpoint per client
 ``diffusion.ema_decay`` is set), ``losses.csv`` (client, epoch, mean epoch loss), ``losses.png`` and
 ``metrics.json``.
 
+Clients are independent, so on the CPU they train side by side in ``FEDPIPE_WORKERS`` processes of one
+thread each (default: one per core; a client's batches of 32 tiny images keep one core busy and gain
+nothing from a second thread). Each client draws from its own seeded streams and trains with one torch
+thread also when run in this process, so the checkpoints are the same, bit for bit, whatever the
+number of processes or cores (tested).
+
 Resumable: each client's checkpoint is written atomically as soon as that client finishes, tagged
 with a fingerprint of the params the stage reads and of the partition file. A killed warm-up restarts
 at the first client without a matching checkpoint; a checkpoint from other params is redone.
@@ -38,6 +44,7 @@ from fedpipe.pipeline.diffusion import (
     resolve_device,
 )
 from fedpipe.pipeline.inputs import PARTITION_PATH, clients_of, load_partition
+from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask, ema_step_hook, ema_weights, make_ema
 
@@ -120,11 +127,24 @@ def plot_losses(losses: dict[int, list[float]], title: str):
     return fig
 
 
+def _train_client_job(job: tuple) -> tuple[int, dict[str, torch.Tensor], list[float]]:
+    """One client's warm-up in a worker process (CPU): the same seeded initialisation, data order and
+    noise as in the serial loop."""
+    cfg, meta, cid, data = job
+    model = make_unet(cfg.diffusion, meta, cfg.seed, "warmup-init", cid)
+    weights, client_losses = train_client_ddpm(model, data, make_task(cfg.diffusion), cfg.warmup,
+                                               torch_generator(cfg.seed, "warmup", cid),
+                                               ema_decay=cfg.diffusion.ema_decay)
+    return cid, weights, client_losses
+
+
 def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
            partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
-           progress: bool = True) -> WarmupOutputs:
+           progress: bool = True, workers: int | None = None) -> WarmupOutputs:
     """Train (or resume) every client's warm-up DDPM. ``stop_after``: stop after training that many
-    clients in this call (simulates an interruption; used by tests)."""
+    clients in this call (simulates an interruption; used by tests). ``workers``: processes that
+    train clients side by side on the CPU, one thread each (default :func:`worker_count`, from
+    ``FEDPIPE_WORKERS``); 1 trains them one after the other in this process."""
     out = Path(out_dir)
     models_dir = out / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -139,33 +159,51 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
             stale.unlink()
     losses: dict[int, list[float]] = {}
     trained: list[int] = []
-    seconds = 0.0
     steps_per_client = [cfg.warmup.epochs * math.ceil(len(c) / cfg.warmup.batch_size) for c in clients]
     bar = tqdm(total=sum(steps_per_client), desc="warm-up", unit="step", disable=not progress,
                mininterval=1.0)
+    todo: list[int] = []
     for cid, data in enumerate(clients):
-        path = client_path(models_dir, cid)
-        done = _finished(path, fp)
+        done = _finished(client_path(models_dir, cid), fp)
         if done is not None:
             losses[cid] = done["losses"]
             bar.update(steps_per_client[cid])
             continue
-        if stop_after is not None and len(trained) >= stop_after:
-            break
         if len(data) == 0:
             raise ValueError(f"warm-up: client {cid} has no training data")
-        bar.set_description(f"warm-up client {cid + 1}/{len(clients)}")
-        model = make_unet(cfg.diffusion, ds.meta, cfg.seed, "warmup-init", cid).to(device)
-        t0 = time.perf_counter()
-        weights, losses[cid] = train_client_ddpm(
-            model, data, task, cfg.warmup, torch_generator(cfg.seed, "warmup", cid),
-            ema_decay=cfg.diffusion.ema_decay, on_step=lambda: bar.update(1))
-        seconds += time.perf_counter() - t0
-        meta = {"fingerprint": fp, "client": cid, "samples": len(data), "losses": losses[cid],
-                "epochs": cfg.warmup.epochs}
-        save_tensors(path, dict(sorted(weights.items())), {META_KEY: json.dumps(meta, sort_keys=True)})
+        todo.append(cid)
+    if stop_after is not None:
+        todo = todo[:stop_after]
+
+    def save(cid: int, weights: dict[str, torch.Tensor], client_losses: list[float]) -> None:
+        # each client's checkpoint is written as soon as it is done: a killed warm-up resumes there
+        meta = {"fingerprint": fp, "client": cid, "samples": len(clients[cid]),
+                "losses": client_losses, "epochs": cfg.warmup.epochs}
+        save_tensors(client_path(models_dir, cid), dict(sorted(weights.items())),
+                     {META_KEY: json.dumps(meta, sort_keys=True)})
+        losses[cid] = client_losses
         trained.append(cid)
+
+    n_workers = min(workers if workers is not None else worker_count(), len(todo))
+    t0 = time.perf_counter()
+    if n_workers <= 1 or device.type != "cpu":
+        for cid in todo:
+            bar.set_description(f"warm-up client {cid + 1}/{len(clients)}")
+            model = make_unet(cfg.diffusion, ds.meta, cfg.seed, "warmup-init", cid).to(device)
+            with one_thread() if device.type == "cpu" else contextlib.nullcontext():
+                weights, client_losses = train_client_ddpm(
+                    model, clients[cid], task, cfg.warmup, torch_generator(cfg.seed, "warmup", cid),
+                    ema_decay=cfg.diffusion.ema_decay, on_step=lambda: bar.update(1))
+            save(cid, weights, client_losses)
+    else:
+        bar.set_description(f"warm-up ({n_workers} processes)")
+        jobs = [(cfg, ds.meta, cid, clients[cid]) for cid in todo]
+        for cid, weights, client_losses in map_in_processes(_train_client_job, jobs, n_workers):
+            save(cid, weights, client_losses)
+            bar.update(steps_per_client[cid])
+    seconds = time.perf_counter() - t0
     bar.close()
+    trained.sort()
     complete = len(losses) == len(clients)
     metrics = {"clients": float(len(clients)), "clients_trained_now": float(len(trained)),
                "train_seconds_now": seconds,

@@ -1,0 +1,78 @@
+"""Independent per-client jobs in worker processes (the warm-up's local DDPMs).
+
+A job must draw all its randomness from its own seeded streams (:mod:`fedpipe.rng`), so that its
+result does not depend on which process runs it or when. torch's results depend on its thread count in
+the last bits, so a job always runs with one thread, in a worker or in the calling process
+(:func:`one_thread`): the results are the same for every ``FEDPIPE_WORKERS`` and every machine's core
+count. Workers are spawned (not forked: a forked
+child of a process that already ran torch's OpenMP pool can hang) and run one torch thread each, so
+``n`` workers use ``n`` cores without oversubscribing them.
+
+``FEDPIPE_WORKERS`` sets the number of processes (default: the cores this process may use; ``1`` runs
+jobs in the calling process). It changes only the wall time, so it is not a DVC param: changing it
+re-runs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any
+
+ENV = "FEDPIPE_WORKERS"
+
+
+def worker_count() -> int:
+    """``FEDPIPE_WORKERS`` if set (an integer >= 1), else the number of usable cores."""
+    raw = os.environ.get(ENV)
+    if raw is None or raw.strip() == "":
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else (os.cpu_count() or 1))
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        from fedpipe.config import ConfigError
+
+        raise ConfigError(ENV, raw, "an integer >= 1 (the number of worker processes)")
+    return n
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with one torch thread (what a worker process has), then restore the count: a
+    job's floating-point results depend on torch's thread count, so a job run in the calling process
+    gives the same bits as in a worker."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _init_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def map_in_processes(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int) -> Iterator[Any]:
+    """``fn(job)`` for every job in ``workers`` spawned processes; results in completion order (each
+    result should name its job). An exception in a job is raised here."""
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
+        futures = [pool.submit(fn, job) for job in jobs]
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
