@@ -19,10 +19,10 @@ def main() -> None:
     algorithm, seed = stage_arguments(sys.argv, "algorithm", "seed")
     cfg = train_config(load_params(), algorithm, seed)  # validates before any data is loaded
     with stage_run(f"federate@{algorithm}-{seed}", cfg.params_read, cfg.seed) as run:
-        out = federate(cfg, on_round=lambda rec: run.log_metrics(rec, step=int(rec["round"])))
+        out = federate(cfg, on_round=run.log_round)
         run.log_file_hashes("input", out.inputs)
         run.log_file_hashes("output", out.outputs)
-        run.log_metrics({f"final_{k}": v for k, v in out.final.items()})
+        run.log_final(out.final)
         run.log_artifact(out.out_dir / "curves.png", "plots")
 
 

@@ -18,10 +18,10 @@ def main() -> None:
     algorithm, seed = stage_arguments(sys.argv, "algorithm", "seed")
     cfg = ddpm_train_config(load_params(), algorithm, seed)  # validates before any data is loaded
     with stage_run(f"federate_ddpm@{algorithm}-{seed}", cfg.params_read, cfg.seed) as run:
-        out = federate_ddpm(cfg, on_round=lambda rec: run.log_metrics(rec, step=int(rec["round"])))
+        out = federate_ddpm(cfg, on_round=run.log_round)
         run.log_file_hashes("input", out["inputs"])
         run.log_file_hashes("output", out["outputs"])
-        run.log_metrics({f"final_{k}": v for k, v in out["final"].items()})
+        run.log_final(out["final"])
         run.log_tags({"fid.extractor_name": out["final"]["extractor"],
                       "fid.samples": out["final"]["fid_samples"]})
         for name in ("curves.png", "samples.png"):

@@ -109,8 +109,10 @@ def test_repro_outputs_then_nothing_reruns(workdir):
 
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("fedpipe")
-    runs = client.search_runs([exp.experiment_id])
+    runs = [r for r in client.search_runs([exp.experiment_id]) if "dvc.stage" in r.data.tags]
     assert {r.data.tags["dvc.stage"] for r in runs} == ran(first)
+    parents = {r.data.tags.get("mlflow.parentRunId") for r in runs}
+    assert len(parents) == 1 and None not in parents  # one pipeline execution, one parent run
     (run,) = [r for r in runs if r.data.tags["dvc.stage"] == "partition"]
     tags, params = run.data.tags, run.data.params
     head = sh(["git", "rev-parse", "HEAD"], dst, env).stdout.strip()

@@ -3,7 +3,16 @@
 Embedded by default (``sqlite:///mlflow.db`` in the repo root); ``MLFLOW_TRACKING_URI`` points at a
 team server instead; ``FEDPIPE_TRACKING=off`` disables logging (tests use a temporary URI instead).
 Each run records: git commit and dirty flag, DVC stage name, DVC experiment name and baseline (when
-run by ``dvc exp run``), the hashes of its input and output files, the resolved params and the seed.
+run by ``dvc exp run``), the hashes of its input and output files, the resolved params and the seed,
+and the torch thread count and worker processes it ran with (results are bit-identical only for the
+same thread count).
+
+In the UI: the experiment is marked as model training (``mlflow.experimentKind``), so it opens on the
+runs table. A run is named ``<stage> · <experiment>`` (``federate@fedprox-0 · workspace``, or the DVC
+experiment's name) and has ``algorithm`` and ``run_seed`` params where the stage has them, so the
+compare view can group by them. The runs of one pipeline execution (same commit, same params.yaml,
+same DVC experiment) hang under one parent run named ``pipeline · <experiment>``. Per-round records
+use the round as MLflow's step.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 EXPERIMENT = "fedpipe"
+STEP_KEYS = ("round", "clients")  # the step of a per-round record, never a metric of its own
+PIPELINE_TAG = "fedpipe.pipeline"
 
 
 def tracking_enabled() -> bool:
@@ -65,6 +76,15 @@ class StageRun:
             clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
             mlflow.log_metrics(clean, step=step)
 
+    def log_round(self, record: Mapping[str, float]) -> None:
+        """One round's record, with the round as the step (``round``/``clients`` are not metrics)."""
+        self.log_metrics({k: v for k, v in record.items() if k not in STEP_KEYS},
+                         step=int(record["round"]))
+
+    def log_final(self, metrics: Mapping[str, Any]) -> None:
+        """A run's final numbers, each prefixed ``final_`` once."""
+        self.log_metrics({k if k.startswith("final_") else f"final_{k}": v for k, v in metrics.items()})
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if self.active:
             import mlflow
@@ -96,17 +116,28 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
     import mlflow
 
     mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI))
-    mlflow.set_experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT))
+    experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT))
     sha, dirty = git_state()
-    with mlflow.start_run(run_name=stage) as run:
+    exp_name = os.environ.get("DVC_EXP_NAME", "")
+    parent = _pipeline_parent(experiment, sha, exp_name)
+    algorithm, run_seed = stage_item(stage)
+    label = exp_name or "workspace"
+    with mlflow.start_run(run_name=f"{stage} · {label}", experiment_id=experiment) as run:
+        import torch
+
         mlflow.set_tags({
             "mlflow.source.git.commit": sha,
             "git.dirty": str(dirty).lower(),
             "dvc.stage": stage,
-            "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+            "dvc.exp_name": exp_name,
             "dvc.exp_baseline": os.environ.get("DVC_EXP_BASELINE_REV", ""),
             "seed": str(seed),
+            "torch.threads": str(torch.get_num_threads()),
+            "fedpipe.workers": os.environ.get("FEDPIPE_WORKERS", "one per core"),
+            **({"mlflow.parentRunId": parent} if parent else {}),
         })
+        if algorithm is not None:
+            params = {**params, "algorithm": algorithm}
         flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
         items = sorted(flat.items())
         for i in range(0, len(items), 100):  # MLflow's batch limit
@@ -116,3 +147,54 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
         if inputs:
             handle.log_file_hashes("input", inputs)
         yield handle
+
+
+def stage_item(stage: str) -> tuple[str | None, int | None]:
+    """(algorithm, training seed) of a matrix stage ``<name>@<algorithm>-<seed>``, else (None, None)."""
+    if "@" not in stage:
+        return None, None
+    algorithm, _, seed = stage.split("@", 1)[1].rpartition("-")
+    return (algorithm, int(seed)) if algorithm and seed.isdigit() else (None, None)
+
+
+def _experiment(name: str) -> str:
+    """The experiment's id, created if needed and marked as model training for the UI."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            exp_id = mlflow.create_experiment(name)
+        except MlflowException:  # created meanwhile by a stage running beside this one
+            exp_id = mlflow.get_experiment_by_name(name).experiment_id
+    else:
+        exp_id = exp.experiment_id
+    if exp is None or exp.tags.get("mlflow.experimentKind") != "custom_model_development":
+        mlflow.MlflowClient().set_experiment_tag(exp_id, "mlflow.experimentKind",
+                                                 "custom_model_development")
+    return exp_id
+
+
+def _pipeline_parent(experiment_id: str, sha: str, exp_name: str) -> str | None:
+    """The parent run of this pipeline execution (commit, params.yaml, DVC experiment), created by
+    the first stage that logs; None when there is no params.yaml."""
+    import hashlib
+
+    import mlflow
+
+    params_file = Path("params.yaml")
+    if not params_file.is_file():
+        return None
+    digest = hashlib.md5(params_file.read_bytes()).hexdigest()[:12]
+    key = f"{sha[:12]}-{digest}-{exp_name or 'workspace'}"
+    client = mlflow.MlflowClient()
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{PIPELINE_TAG}` = '{key}'",
+                               max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, run_name=f"pipeline · {exp_name or 'workspace'}",
+                            tags={PIPELINE_TAG: key, "mlflow.source.git.commit": sha,
+                                  "dvc.exp_name": exp_name})
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
