@@ -117,3 +117,22 @@ def test_the_ui_rest_api_finds_runs_by_name_with_history_and_artifacts(tracked):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_fedpipe_threads_sets_torchs_thread_count(monkeypatch):
+    import torch
+
+    from fedpipe.cli import set_threads
+    from fedpipe.config import ConfigError
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("FEDPIPE_THREADS", "1")
+        set_threads()
+        assert torch.get_num_threads() == 1
+        for bad in ("0", "two", "-3"):
+            monkeypatch.setenv("FEDPIPE_THREADS", bad)
+            with pytest.raises(ConfigError, match="FEDPIPE_THREADS"):
+                set_threads()
+    finally:
+        torch.set_num_threads(before)
