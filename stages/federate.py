@@ -3,7 +3,7 @@ training seed of `study.seeds`.
 
 Reads params: seed, dataset, model, fl, algorithms.<algorithm>; the partition file and, for a method
 that declares server data, data/server_data/. Writes data/federate/<algorithm>/seed_<seed>/ (model,
-personal models, history, per-client accuracies, metrics, curves; checkpoint/ persists for resume).
+personal models, history, per-client accuracies, metrics, curves; resume state in data/checkpoints/).
 """
 
 import sys

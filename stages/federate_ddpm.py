@@ -3,7 +3,7 @@
 
 Reads params: seed, dataset, diffusion, diffusion_fl, fid, algorithms.<algorithm>; the partition, the
 auxiliary set and data/fid/. Writes data/federate_ddpm/<algorithm>/seed_<seed>/ (model, history with
-the FID curve, metrics, QuickTest trace, curves and a sample grid; checkpoint/ persists for resume).
+the FID curve, metrics, QuickTest trace, curves and a sample grid; resume state in data/checkpoints/).
 """
 
 import sys

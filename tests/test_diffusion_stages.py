@@ -135,10 +135,12 @@ def test_warmup_resumes_at_first_unfinished_client(tiny_partition, tmp_path):
     first = warmup(cfg, tmp_path / "w1", part_path, stop_after=2, progress=False)
     assert first.trained == [0, 1]
     assert not (tmp_path / "w1" / "metrics.json").exists()  # unfinished: no stage metrics yet
-    stamp = client_path(tmp_path / "w1" / "models", 0).stat().st_mtime_ns
+    assert not (tmp_path / "w1" / "models").exists()  # nor models: they are copied when all are done
+    resume = tmp_path / "checkpoints" / "w1" / "models"  # checkpoint_dir: not a DVC output
+    stamp = client_path(resume, 0).stat().st_mtime_ns
     second = warmup(cfg, tmp_path / "w1", part_path, progress=False)
     assert second.trained == [2, 3]
-    assert client_path(tmp_path / "w1" / "models", 0).stat().st_mtime_ns == stamp  # not redone
+    assert client_path(resume, 0).stat().st_mtime_ns == stamp  # not redone
     straight = warmup(cfg, tmp_path / "w2", part_path, progress=False)
     for cid in range(4):
         a = load_tensors(client_path(tmp_path / "w1" / "models", cid))

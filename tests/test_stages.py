@@ -93,13 +93,13 @@ def test_federate_resume_matches_uninterrupted(tmp_path, algorithm):
     federate(cfg, tmp_path / "a", part, progress=False)
     stopped = federate(cfg, tmp_path / "b", part, stop_after=2, progress=False)
     assert stopped.result.rounds_done == 2
-    ckpt = tmp_path / "b" / algorithm / "seed_1" / "checkpoint"
+    ckpt = tmp_path / "checkpoints" / "b" / algorithm / "seed_1"  # checkpoint_dir: not an output
     assert (ckpt / "server.safetensors").is_file()
+    assert not any("checkpoint" in f.name for f in (tmp_path / "b").rglob("*"))
     resumed = federate(cfg, tmp_path / "b", part, progress=False)
     assert resumed.result.resumed_from == 2
     a, b = tmp_path / "a" / algorithm / "seed_1", tmp_path / "b" / algorithm / "seed_1"
-    files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file() and "checkpoint" not in f.parts
-                   and f.suffix != ".png")
+    files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file() and f.suffix != ".png")
     assert Path("model.safetensors") in files and Path("clients.csv") in files
     personal = [f for f in files if f.parts[0] == "personal" and f.suffix == ".safetensors"]
     assert len(personal) == (0 if algorithm == "fedavg" else p["partition"]["num_clients"])

@@ -136,3 +136,17 @@ def test_fedpipe_threads_sets_torchs_thread_count(monkeypatch):
                 set_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_queued_experiments_runs_go_to_the_projects_database(tmp_path, monkeypatch):
+    from fedpipe.tracking import repo_root, tracking_uri
+
+    work = tmp_path / "proj" / ".dvc" / "tmp" / "exps" / "tmpab12" / "sub"
+    work.mkdir(parents=True)
+    assert repo_root(work) == (tmp_path / "proj").resolve()
+    assert repo_root(tmp_path) == tmp_path.resolve()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(work)
+    assert tracking_uri() == f"sqlite:///{(tmp_path / 'proj').resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://team:5000")
+    assert tracking_uri() == "http://team:5000"

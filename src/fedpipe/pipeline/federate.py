@@ -31,6 +31,7 @@ from fedpipe.pipeline.common import (
     load_partition,
     make_model,
 )
+from fedpipe.pipeline.inputs import checkpoint_dir
 from fedpipe.pipeline.server_data import SERVER_DATA_DIR, load_server_data
 from fedpipe.tasks import ClassificationTask
 
@@ -167,7 +168,8 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
              progress: bool = True, server_data_dir: str | Path = SERVER_DATA_DIR
              ) -> FederateOutputs:
     """Run the federate stage for ``cfg.algorithm`` with training seed ``cfg.seed`` into
-    ``<out_root>/<algorithm>/seed_<seed>``; resumes from its ``checkpoint`` if present. A method
+    ``<out_root>/<algorithm>/seed_<seed>``; resumes from its checkpoint
+    (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`) if present. A method
     that declares server data gets it from ``server_data_dir`` (the ``server_data`` stage)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
     part = load_partition(partition_path)
@@ -192,7 +194,7 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     evaluate = client_evaluator(task, strategy.model_of, ds.test.x, ds.test.y,
                                 clients_of(ds, part, "test"), cfg.seed)
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=out / "checkpoint",
+                           checkpoint_dir=checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}"),
                            fingerprint=fingerprint_of(cfg.params_read, *inputs),
                            stop_after=stop_after, server_data=server_data, on_round=on_round,
                            progress=progress)

@@ -48,6 +48,7 @@ from fedpipe.pipeline.diffusion import (
 from fedpipe.pipeline.feature_extractor import FIDTools, load_fid_tools
 from fedpipe.pipeline.federate import plot_history, run_dir, save_run
 from fedpipe.pipeline.generate import load_aux, plot_grid, requested_labels
+from fedpipe.pipeline.inputs import checkpoint_dir
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask
 
@@ -120,7 +121,8 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
                   fid_dir: str | Path = FID_DIR, stop_after: int | None = None,
                   on_round: Callable[[dict[str, float]], None] | None = None,
                   progress: bool = True) -> dict:
-    """Run the federate_ddpm stage for ``cfg.algorithm``; resumes from ``<out>/checkpoint``."""
+    """Run the federate_ddpm stage for ``cfg.algorithm``; resumes from its checkpoint
+    (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
     part = load_partition(partition_path)
     ds = load_dataset(cfg.dataset)
@@ -155,7 +157,8 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     fp = params_fingerprint(cfg.params_read, *inputs)  # a checkpoint resumes only on a match
     t0 = time.perf_counter()
     result = run_federated(strategy, model_fn(), clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=out / "checkpoint", fingerprint=fp, stop_after=stop_after,
+                           checkpoint_dir=checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}"),
+                           fingerprint=fp, stop_after=stop_after,
                            server_data=server_data, score=score, on_round=on_round,
                            progress=progress)
     seconds = time.perf_counter() - t0

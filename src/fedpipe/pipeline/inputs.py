@@ -44,3 +44,12 @@ def fingerprint_of(params: dict, *files: str | Path) -> str:
     blob = json.dumps({"params": params, "files": [md5_file(f) for f in files],
                        "code": code_version()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def checkpoint_dir(out_root: str | Path, *parts: str) -> Path:
+    """Where a stage keeps its resume state: ``<out_root's parent>/checkpoints/<out_root's name>/
+    <parts>`` (``data/checkpoints/federate/<algo>/seed_<s>`` by default). Not a DVC output: every
+    output of a training stage is then cached, so ``dvc exp apply`` restores it and DVC's run-cache
+    restores an earlier params' result instead of recomputing it. Git-ignored like all of data/."""
+    root = Path(out_root)
+    return root.parent / "checkpoints" / root.name / Path(*parts)

@@ -11,9 +11,11 @@ nothing from a second thread). Each client draws from its own seeded streams and
 thread also when run in this process, so the checkpoints are the same, bit for bit, whatever the
 number of processes or cores (tested).
 
-Resumable: each client's checkpoint is written atomically as soon as that client finishes, tagged
+Resumable: each client's checkpoint is written atomically to ``data/checkpoints/warmup/models/`` (not a
+DVC output, so DVC's run-cache works for this stage) as soon as that client finishes, tagged
 with a fingerprint of the params the stage reads and of the partition file. A killed warm-up restarts
-at the first client without a matching checkpoint; a checkpoint from other params is redone.
+at the first client without a matching checkpoint; a checkpoint from other params is redone. When
+every client is done, their checkpoints are copied to ``data/warmup/models/``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl.local import local_train
-from fedpipe.io import md5_file, read_metadata, save_figure, save_tensors, write_csv, write_json
+from fedpipe.io import md5_file, read_metadata, save_figure, save_tensors, write_bytes, write_csv, write_json
 from fedpipe.pipeline.diffusion import (
     WARMUP_DIR,
     make_task,
@@ -43,7 +45,7 @@ from fedpipe.pipeline.diffusion import (
     params_fingerprint,
     resolve_device,
 )
-from fedpipe.pipeline.inputs import PARTITION_PATH, clients_of, load_partition
+from fedpipe.pipeline.inputs import PARTITION_PATH, checkpoint_dir, clients_of, load_partition
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask, ema_step_hook, ema_weights, make_ema
@@ -147,14 +149,15 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
     ``FEDPIPE_WORKERS``); 1 trains them one after the other in this process."""
     out = Path(out_dir)
     models_dir = out / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
+    resume_dir = checkpoint_dir(out, "models")  # each finished client, as soon as it is done
+    resume_dir.mkdir(parents=True, exist_ok=True)
     part = load_partition(partition_path)
     ds = load_dataset(cfg.dataset)
     clients = clients_of(ds, part)
     task = make_task(cfg.diffusion)
     device = resolve_device(cfg.diffusion.device)
     fp = params_fingerprint(cfg.params_read, partition_path)
-    for stale in models_dir.glob("client_*.safetensors"):  # clients of an earlier, larger partition
+    for stale in resume_dir.glob("client_*.safetensors"):  # clients of an earlier, larger partition
         if int(stale.stem.split("_")[1]) >= len(clients):
             stale.unlink()
     losses: dict[int, list[float]] = {}
@@ -164,7 +167,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
                mininterval=1.0)
     todo: list[int] = []
     for cid, data in enumerate(clients):
-        done = _finished(client_path(models_dir, cid), fp)
+        done = _finished(client_path(resume_dir, cid), fp)
         if done is not None:
             losses[cid] = done["losses"]
             bar.update(steps_per_client[cid])
@@ -179,7 +182,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
         # each client's checkpoint is written as soon as it is done: a killed warm-up resumes there
         meta = {"fingerprint": fp, "client": cid, "samples": len(clients[cid]),
                 "losses": client_losses, "epochs": cfg.warmup.epochs}
-        save_tensors(client_path(models_dir, cid), dict(sorted(weights.items())),
+        save_tensors(client_path(resume_dir, cid), dict(sorted(weights.items())),
                      {META_KEY: json.dumps(meta, sort_keys=True)})
         losses[cid] = client_losses
         trained.append(cid)
@@ -208,7 +211,12 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
     metrics = {"clients": float(len(clients)), "clients_trained_now": float(len(trained)),
                "train_seconds_now": seconds,
                "final_loss_mean": float(np.mean([ls[-1] for ls in losses.values()])) if losses else 0.0}
-    if complete:
+    if complete:  # the stage's output: every client's model, copied from the resume folder
+        models_dir.mkdir(parents=True, exist_ok=True)
+        for old in models_dir.glob("client_*.safetensors"):
+            old.unlink()
+        for cid in range(len(clients)):
+            write_bytes(client_path(models_dir, cid), client_path(resume_dir, cid).read_bytes())
         write_csv(out / "losses.csv", ["client", "epoch", "loss"],
                   [[cid, e + 1, v] for cid, ls in sorted(losses.items()) for e, v in enumerate(ls)])
         save_figure(out / "losses.png", plot_losses(losses, f"warm-up DDPMs on {cfg.dataset.name}"))

@@ -1,7 +1,9 @@
 """MLflow lineage for stage runs.
 
-Embedded by default (``sqlite:///mlflow.db`` in the repo root); ``MLFLOW_TRACKING_URI`` points at a
-team server instead; ``FEDPIPE_TRACKING=off`` disables logging (tests use a temporary URI instead).
+Embedded by default (``mlflow.db`` in the repo root, also for a queued ``dvc exp`` that runs in a
+temporary copy of the repo; first writes to a new database are serialised by a file lock, so
+experiments started together do not race on its schema); ``MLFLOW_TRACKING_URI`` points at a team
+server instead; ``FEDPIPE_TRACKING=off`` disables logging (tests use a temporary URI instead).
 Each run records: git commit and dirty flag, DVC stage name, DVC experiment name and baseline (when
 run by ``dvc exp run``), the hashes of its input and output files, the resolved params and the seed,
 and the torch thread count and worker processes it ran with (results are bit-identical only for the
@@ -27,10 +29,40 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URI = "sqlite:///mlflow.db"
 EXPERIMENT = "fedpipe"
 STEP_KEYS = ("round", "clients")  # the step of a per-round record, never a metric of its own
 PIPELINE_TAG = "fedpipe.pipeline"
+
+
+def repo_root(cwd: str | Path = ".") -> Path:
+    """The project's root for ``cwd``: a queued DVC experiment runs in a temporary copy under
+    ``<root>/.dvc/tmp/exps/``, and its runs belong in the project's database, not the copy's."""
+    path = Path(cwd).resolve()
+    parts = path.parts
+    for i in range(len(parts) - 2):
+        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return path
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else the project's ``mlflow.db`` (absolute, so that a queued
+    experiment's temporary workspace logs there too)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    return uri if uri else f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+@contextlib.contextmanager
+def _db_lock(uri: str) -> Iterator[None]:
+    """Serialise the first writes to a local SQLite database: two stages starting together on a new
+    database race on MLflow's schema creation (``duplicate column name``)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(uri[len("sqlite:///"):] + ".lock", timeout=600):
+        yield
 
 
 def tracking_enabled() -> bool:
@@ -115,11 +147,13 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
         return
     import mlflow
 
-    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI))
-    experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT))
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
     sha, dirty = git_state()
     exp_name = os.environ.get("DVC_EXP_NAME", "")
-    parent = _pipeline_parent(experiment, sha, exp_name)
+    with _db_lock(uri):  # schema creation, the experiment and the parent run: one process at a time
+        experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT))
+        parent = _pipeline_parent(experiment, sha, exp_name)
     algorithm, run_seed = stage_item(stage)
     label = exp_name or "workspace"
     with mlflow.start_run(run_name=f"{stage} · {label}", experiment_id=experiment) as run:
