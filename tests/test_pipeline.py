@@ -4,48 +4,26 @@ new partition; changing one algorithm's params re-runs only its federate stage a
 MLflow lineage of the partition run is checked in the same copy."""
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from repo_copy import BIN, commit_all, copy_repo, sh
 
 pytestmark = pytest.mark.slow
-
-
-def sh(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> tuple[Path, dict]:
     """A git repo holding the project's tracked and untracked-but-not-ignored files."""
     dst = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")
-    for rel in filter(None, files):
-        src = REPO / rel
-        if src.is_file():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / rel)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-           "FEDPIPE_TRACKING": "on", "MLFLOW_TRACKING_URI": f"sqlite:///{dst / 'test-mlflow.db'}",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+    env = {**copy_repo(dst), "MLFLOW_TRACKING_URI": f"sqlite:///{dst / 'test-mlflow.db'}"}
     shrink_diffusion_track(dst)
     sh([str(BIN / "python"), "-m", "fedpipe.config.compose"], dst, env)
     sh(["git", "init", "-q"], dst, env)
     (dst / ".gitignore").write_text((dst / ".gitignore").read_text() + "/test-mlflow.db\n")
-    sh(["git", "add", "-A"], dst, env)
-    sh(["git", "commit", "-qm", "copy"], dst, env)
+    commit_all(dst, env)
     return dst, env
 
 

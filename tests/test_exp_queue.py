@@ -1,0 +1,82 @@
+"""`dvc exp` as researchers run it: two queued experiments run side by side (`dvc queue start -j 2`);
+each shows its params and metrics in `dvc exp show`, can be applied back completely, and lands in the
+project's MLflow database; going back to earlier params restores from DVC's run-cache."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from repo_copy import commit_all, copy_repo, sh
+
+pytestmark = pytest.mark.slow
+
+# A classification-only study (the plan skips the diffusion side), a few rounds.
+TINY = ["-S", "study.algorithms=[fedavg]", "-S", "study.diffusion_algorithms=[]",
+        "-S", "fl.rounds=3", "-S", "fl.eval_every=1"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> tuple[Path, dict]:
+    dst = tmp_path_factory.mktemp("queue")
+    env = {**copy_repo(dst), "FEDPIPE_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the project's own mlflow.db
+    commit_all(dst, env)
+    return dst, env
+
+
+def wait_for_queue(dst: Path, env: dict, timeout: float = 600) -> str:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        status = sh(["dvc", "queue", "status"], dst, env).stdout
+        if "Running" not in status and "Queued" not in status:
+            return status
+        time.sleep(3)
+    pytest.fail(f"queue did not finish:\n{status}")
+
+
+def test_two_queued_experiments_in_parallel_keep_everything(project):
+    dst, env = project
+    for lr in ("0.05", "0.1"):
+        sh(["dvc", "exp", "run", "--queue", "--name", f"lr{lr}", *TINY, "-S", f"fl.local.lr={lr}"],
+           dst, env)
+    sh(["dvc", "queue", "start", "-j", "2"], dst, env)
+    status = wait_for_queue(dst, env)
+    assert "Failed" not in status, sh(["dvc", "queue", "logs", "lr0.05"], dst, env, check=False).stdout
+
+    rows = json.loads(sh(["dvc", "exp", "show", "--json"], dst, env).stdout)
+    exps = {e["name"]: e for row in rows for e in (row.get("experiments") or [])
+            for e in [e["revs"][0]] if e.get("name")}
+    assert set(exps) >= {"lr0.05", "lr0.1"}
+    acc = {}
+    for name, e in exps.items():
+        data = e["data"]
+        metrics = data["metrics"]["data/evaluate/metrics.json"]["data"]
+        acc[name] = metrics["fedavg"]["test_accuracy"]
+        assert data["params"]["params.yaml"]["data"]["fl"]["local"]["lr"] == float(name[2:])
+    assert acc["lr0.05"] != acc["lr0.1"]
+
+    # applied back completely: params, the model and the metrics files
+    sh(["dvc", "exp", "apply", "lr0.1"], dst, env)
+    applied = json.loads((dst / "data/evaluate/metrics.json").read_text())
+    assert applied["fedavg"]["test_accuracy"] == acc["lr0.1"]
+    assert (dst / "data/federate/fedavg/seed_0/history.csv").is_file()
+    assert yaml.safe_load((dst / "params.yaml").read_text())["fl"]["local"]["lr"] == 0.1
+
+    # both landed in the project's MLflow database (not in the queue's temporary copies)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{dst / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("fedpipe")
+    names = {r.data.tags.get("dvc.exp_name") for r in client.search_runs([exp.experiment_id])}
+    assert {"lr0.05", "lr0.1"} <= names
+    runs = client.search_runs([exp.experiment_id], "tags.`dvc.stage` = 'federate@fedavg-0'")
+    assert {r.info.run_name for r in runs} == {"federate@fedavg-0 · lr0.05", "federate@fedavg-0 · lr0.1"}
+
+    # back to the other params: DVC's run-cache restores the training stage instead of re-running it
+    commit_all(dst, env, "lr 0.1 applied")
+    proc = sh(["dvc", "exp", "run", *TINY, "-S", "fl.local.lr=0.05"], dst, env)
+    assert "Stage 'federate@fedavg-0' is cached - skipping run" in proc.stdout, proc.stdout
+    assert json.loads((dst / "data/evaluate/metrics.json").read_text())["fedavg"]["test_accuracy"] \
+        == acc["lr0.05"]
