@@ -405,3 +405,39 @@ def test_each_method_runs_end_to_end_with_personal_accuracy_above_chance():
         acc = res.history[-1]["test_personal_mean"]
         assert math.isfinite(acc) and acc > 0.25 + 0.2, (name, acc)  # chance: 1/4
         assert len(res.personal) == 4
+
+
+def assert_identical(a, b):
+    """Equal bit for bit: state dicts, or named groups of them."""
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_identical(a[k], b[k])
+        else:
+            assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("name", ["ditto", "fedbn", "lg_fedavg", "apfl", "pfedme", "fedrod",
+                                  "fedsim", "fedalt", "creff"])
+def test_three_rounds_deterministic_and_resumable(name, tmp_path):
+    classes = [[0, 1], [1, 2], [2, 3], [3, 0]]
+    train = [blobs(k, c, 8) for k, c in enumerate(classes)]
+    local = LocalTrainConfig(steps=2, batch_size=4, lr=0.1)
+    fl = FLConfig(rounds=3, participation=0.5, local=local, checkpoint_every=5)
+    cfg = algorithm_config(name, {"retrain_epochs": 2, "feature_epochs": 2, "num_features": 3}
+                           if name == "creff" else None)
+
+    def run(**kw):
+        s = ALGORITHMS[name](ClassificationTask(), bn_classifier, local, cfg, num_clients=4)
+        return run_federated(s, bn_classifier(), train, fl, seed=3, progress=False, **kw)
+
+    full = run()
+    assert_identical(full.state.weights, run().state.weights)
+    assert run(checkpoint_dir=tmp_path, fingerprint="f", stop_after=1).rounds_done == 1
+    resumed = run(checkpoint_dir=tmp_path, fingerprint="f")
+    assert resumed.resumed_from == 1 and resumed.rounds_done == 3
+    assert_identical(full.state.weights, resumed.state.weights)
+    assert_identical(full.state.extra, resumed.state.extra)
+    assert_identical(full.client_states, {c: resumed.client_states[c] for c in full.client_states})
+    assert_identical(full.personal, resumed.personal)
+    assert full.history == resumed.history

@@ -140,7 +140,7 @@ class CReFF(Strategy):
             return state
         sent = head_of({**state.weights, **state.extra.get("train_head", {})})  # W^t
         avg = self.average(rnd.updates)
-        extra = {**state.extra, "sent_head": sent, "train_head": head_of(avg)}
+        extra = {**state.extra, "sent_head": clone(sent), "train_head": clone(head_of(avg))}
         extra.setdefault("retrained_head", clone(head_of(state.weights)))
         return ServerState(weights=avg, extra=extra, meta=state.meta)
 
@@ -189,7 +189,7 @@ class CReFF(Strategy):
                 ropt.step()
         head = {k: v.detach() for k, v in head.items()}
         extra = {**state.extra, "features": {"x": feats}, "retrained_head": head}
-        return ServerState(weights={**state.weights, **head}, extra=extra, meta=state.meta)
+        return ServerState(weights={**state.weights, **clone(head)}, extra=extra, meta=state.meta)
 
     # -- personalization -----------------------------------------------------------------------
     def personalized_model(self, state: ServerState, client_state: ClientState, data: ClientData,
