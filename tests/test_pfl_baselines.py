@@ -186,6 +186,19 @@ def test_apfl_steps_w_and_v_from_the_same_point():
     close(pm["body.weight"], a * v["body.weight"] + (1 - a) * B0)
 
 
+def test_apfl_adaptive_alpha_step():
+    a, alr, d = 0.3, 0.7, CLIENTS[1]
+    s = make("apfl", {"alpha": a, "adaptive": True, "alpha_lr": alr})
+    _, state, metrics = step(s, W(B0, H0), {"personal": W(BV, HV)})
+    Bm, hm = a * BV + (1 - a) * B0, a * HV + (1 - a) * H0
+    grad_alpha = ((BV - B0) * grad_body(Bm, hm, d)).sum() + ((HV - H0) * grad_head(Bm, hm, d)).sum()
+    a1 = min(max(a - alr * float(grad_alpha), 0.0), 1.0)
+    assert 0 < a1 < 1 and a1 != a
+    close(state["alpha"]["alpha"], torch.tensor(a1, dtype=DT))
+    pm = s.personalized_model(s.init_server(TwoLayer()), state, d, None)
+    close(pm["head.weight"], a1 * state["personal"]["head.weight"] + (1 - a1) * H0)
+
+
 # -- pFedMe ------------------------------------------------------------------------------------
 def test_pfedme_inner_steps_and_local_update():
     lam, plr, d = 0.5, 0.2, CLIENTS[1]
