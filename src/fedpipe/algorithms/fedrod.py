@@ -133,8 +133,9 @@ class FedRoD(Strategy):
         if self._phead is None:
             model = self.scratch_model_instance()
             c, d = model.head.out_features, model.head.in_features
-            hyper = HyperNetwork(c, d, self.cfg.hyper_hidden or d) if self.hyper else None
-            self._phead = PersonalHead(model.head, hyper).to(model.head.weight.dtype)
+            with torch.random.fork_rng(devices=[]):  # values set later; leave the global RNG be
+                hyper = HyperNetwork(c, d, self.cfg.hyper_hidden or d) if self.hyper else None
+                self._phead = PersonalHead(model.head, hyper).to(model.head.weight.dtype)
         return self._phead
 
     def load_head(self, values: Weights) -> PersonalHead:
