@@ -8,15 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedpipe.algorithms.apfl import APFL
+from fedpipe.algorithms.creff import CReFF
+from fedpipe.algorithms.ditto import Ditto
 from fedpipe.algorithms.fedavg_ft import FedAvgFT
+from fedpipe.algorithms.fedbn import FedBN
 from fedpipe.algorithms.feddc import FedDC
 from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
 from fedpipe.algorithms.feddyn import FedDyn
 from fedpipe.algorithms.fedper import FedPer
 from fedpipe.algorithms.fedprox import FedProx
 from fedpipe.algorithms.fedrep import FedRep
+from fedpipe.algorithms.fedrod import FedRoD
+from fedpipe.algorithms.fedsim import FedAlt, FedSim
+from fedpipe.algorithms.lg_fedavg import LGFedAvg
 from fedpipe.algorithms.local import Local
 from fedpipe.algorithms.mofedsam import MoFedSAM
+from fedpipe.algorithms.pfedme import PFedMe
 from fedpipe.algorithms.scaffold import Scaffold
 from fedpipe.config import ConfigError, build
 from fedpipe.fl import Strategy
@@ -34,6 +42,15 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "fedavg_ft": FedAvgFT,
     "fedper": FedPer,
     "fedrep": FedRep,
+    "ditto": Ditto,
+    "fedbn": FedBN,
+    "lg_fedavg": LGFedAvg,
+    "apfl": APFL,
+    "pfedme": PFedMe,
+    "fedrod": FedRoD,
+    "fedsim": FedSim,
+    "fedalt": FedAlt,
+    "creff": CReFF,
 }
 
 

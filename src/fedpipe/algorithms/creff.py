@@ -1,0 +1,199 @@
+"""CReFF (Shang, Lu, Huang, Chen, Shi, IJCAI 2022, "Federated Learning on Heterogeneous and
+Long-Tailed Data via Classifier Re-training with Federated Features"; a FedNH baseline, spec 004 §5).
+
+Federated learning is FedAvg; on top of it the server learns per-class *federated features* F_c whose
+classifier gradients match the clients' real ones, and re-trains a classifier on them for inference.
+Round t:
+
+    client k (before its FedAvg local training, with the received model (theta^t, W^t)):
+        for each class c it holds, on a random batch of up to ``batch_real`` of its samples of c,
+        z = f_{theta^t}(x) and the real gradient  g_{k,c} = grad_W CE(W^t z, c)
+        upload g_{k,c} and n_{k,c} with the local model (FedAvg)
+    server:
+        (theta^{t+1}, W^{t+1}) = FedAvg of the local models (what clients train from next round)
+        g_c = sum_k n_{k,c} g_{k,c} / sum_k n_{k,c}                        (classes with an owner)
+        F <- F - eta_F grad_F sum_c D(grad_W CE(W^t F_c, c), g_c)   for ``feature_epochs`` steps
+        W_re <- W_re - eta_W grad CE(W_re F, labels)                for ``retrain_epochs`` epochs
+        the global model for inference is (theta^{t+1}, W_re)
+
+D is the dataset-condensation distance 'ours' ([code] ``dis_metric 'ours'``): sum over the rows
+(classes) of the weight gradient of 1 - cos(g_real_row, g_syn_row); bias gradients are not matched
+(that metric ignores 1-D tensors). F has ``num_features`` features per class, drawn N(0, 1) at the
+first round from the stream (seed, "creff-features") and kept across rounds, as is W_re (from the
+initial head). Both lrs are 0.01 (FedNH spec 004 §5: the official 0.1 for the features "makes the
+training unstable"); 100 per class, 100 feature epochs, 300 re-training epochs, batch_real 64 as in
+the spec. Inferred (not given): the features use plain SGD (one step per feature epoch, on the sum over
+classes), the classifier SGD with ``retrain_batch_size`` 32; the gradient matching uses W^t, the head
+the clients computed their gradients at; client gradients are averaged by class counts.
+
+Personalized model: local training is FedAvg's, so PM is FedAvg's (the client's latest local model,
+FedNH spec 004 §2.6, §5), kept in the client's state when ``keep_local_model`` (default true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fedpipe.config.core import check
+from fedpipe.data import ClientData
+from fedpipe.fl.local import local_train
+from fedpipe.fl.state import ClientUpdate, Payload, ServerState, Weights, clone
+from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy
+
+HEAD_KEYS = ("head.weight", "head.bias")
+
+
+@dataclass(frozen=True)
+class CReFFConfig:
+    num_features: int = 100
+    """Federated features per class (spec 004 §5: 100)."""
+    feature_epochs: int = 100
+    """Gradient-matching steps on the features per round (100)."""
+    feature_lr: float = 0.01
+    """eta_F (0.01: FedNH's tuned value; official 0.1)."""
+    retrain_epochs: int = 300
+    """Epochs of classifier re-training on the features per round (300)."""
+    retrain_lr: float = 0.01
+    """eta_W (0.01)."""
+    retrain_batch_size: int = 32
+    """Batch size of the re-training (not given; inferred)."""
+    batch_real: int = 64
+    """Samples per class for a client's real gradient ([code] CReFF_batch_real: 64)."""
+    keep_local_model: bool = True
+    """Keep each client's latest local model as its personalized model (FedAvg's PM)."""
+
+    def validate(self, p: str) -> None:
+        for k in ("num_features", "feature_epochs", "retrain_epochs", "retrain_batch_size",
+                  "batch_real"):
+            check(getattr(self, k) >= 1, f"{p}.{k}", getattr(self, k), "an integer >= 1")
+        for k in ("feature_lr", "retrain_lr"):
+            check(getattr(self, k) > 0, f"{p}.{k}", getattr(self, k), "a number > 0")
+
+
+def cosine_distance(g_syn: torch.Tensor, g_real: torch.Tensor) -> torch.Tensor:
+    """'ours' of dataset condensation for a (C, d) weight gradient: sum_rows 1 - cos(row, row)."""
+    return (1 - F.cosine_similarity(g_syn, g_real, dim=1, eps=1e-6)).sum()
+
+
+def head_of(weights: Weights) -> Weights:
+    return {k: weights[k] for k in HEAD_KEYS if k in weights}
+
+
+def logits(head: Weights, z: torch.Tensor) -> torch.Tensor:
+    return F.linear(z, head["head.weight"], head.get("head.bias"))
+
+
+class CReFF(Strategy):
+    name = "creff"
+    config_class = CReFFConfig
+
+    @property
+    def personalizes(self) -> bool:
+        return self.cfg.keep_local_model
+
+    # -- client --------------------------------------------------------------------------------
+    def real_gradients(self, weights: Weights, data: ClientData, gen: torch.Generator
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(C, C, d) per-class gradients of CE w.r.t. the head weight, and (C,) class counts."""
+        model = self.scratch_model(weights)
+        model.eval()
+        head = model.head
+        c, d = head.out_features, head.in_features
+        counts = torch.bincount(data.y, minlength=c).to(head.weight.dtype)
+        grads = torch.zeros(c, c, d, dtype=head.weight.dtype)
+        for cls in torch.nonzero(counts).flatten().tolist():
+            idx = torch.nonzero(data.y == cls).flatten()
+            idx = idx[torch.randperm(len(idx), generator=gen)[: self.cfg.batch_real]]
+            x, y = data.batch(idx, gen)
+            with torch.no_grad():
+                z = model.features(x)
+            w = head.weight.detach().requires_grad_(True)
+            loss = F.cross_entropy(F.linear(z, w, None if head.bias is None else head.bias.detach()), y)
+            grads[cls] = torch.autograd.grad(loss, w)[0]
+        model.train()
+        return grads, counts
+
+    def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
+                      gen: torch.Generator, client_id: int = 0
+                      ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
+        grads, counts = self.real_gradients(payload.weights, data, gen)
+        model = self.scratch_model(payload.weights)
+        metrics = local_train(model, data, self.task, self.local, payload.round, gen)
+        weights = self.scratch_weights()
+        if self.cfg.keep_local_model:
+            client_state = {**client_state, "local_model": weights}
+        update = ClientUpdate(client_id, len(data), weights,
+                              {"creff": {"grads": grads, "counts": counts}}, metrics)
+        return update, client_state, metrics
+
+    # -- server --------------------------------------------------------------------------------
+    def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
+        """The FedAvg model (the re-trained classifier serves inference only)."""
+        weights = {**state.weights, **state.extra.get("train_head", {})}
+        return Payload(round=round_, weights=weights, client_id=client_id)
+
+    def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        if not rnd.updates:
+            return state
+        sent = head_of({**state.weights, **state.extra.get("train_head", {})})  # W^t
+        avg = self.average(rnd.updates)
+        extra = {**state.extra, "sent_head": clone(sent), "train_head": clone(head_of(avg))}
+        extra.setdefault("retrained_head", clone(head_of(state.weights)))
+        return ServerState(weights=avg, extra=extra, meta=state.meta)
+
+    def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        if not rnd.updates:
+            return state
+        cfg = self.cfg
+        grads = torch.stack([u.extra["creff"]["grads"] for u in rnd.updates])  # (K, C, C, d)
+        counts = torch.stack([u.extra["creff"]["counts"] for u in rnd.updates])  # (K, C)
+        total = counts.sum(0)
+        owned = torch.nonzero(total).flatten().tolist()
+        real = (counts[:, :, None, None] * grads).sum(0) / total.clamp_min(1)[:, None, None]
+        sent = {k: v.detach() for k, v in state.extra["sent_head"].items()}
+        c, d = sent["head.weight"].shape
+        feats = state.extra.get("features", {}).get("x")
+        if feats is None:  # first round: F ~ N(0, 1)
+            feats = torch.randn(c * cfg.num_features, d, generator=rnd.generator("creff-features"),
+                                dtype=sent["head.weight"].dtype)
+        labels = torch.arange(c).repeat_interleave(cfg.num_features)
+        feats = feats.detach().clone().requires_grad_(True)
+        opt = torch.optim.SGD([feats], lr=cfg.feature_lr)
+        w = sent["head.weight"].clone().requires_grad_(True)
+        b = sent.get("head.bias")
+        for _ in range(cfg.feature_epochs):  # gradient matching
+            loss = feats.new_zeros(())
+            for cls in owned:
+                fc = feats[labels == cls]
+                out = F.linear(fc, w, b)
+                g_syn = torch.autograd.grad(F.cross_entropy(out, labels[labels == cls]), w,
+                                            create_graph=True)[0]
+                loss = loss + cosine_distance(g_syn, real[cls])
+            opt.zero_grad(set_to_none=True)
+            if owned:
+                loss.backward()
+                opt.step()
+        feats = feats.detach()
+        head = {k: v.clone().requires_grad_(True) for k, v in state.extra["retrained_head"].items()}
+        ropt = torch.optim.SGD(list(head.values()), lr=cfg.retrain_lr)
+        gen = rnd.generator("creff-retrain")
+        for _ in range(cfg.retrain_epochs):  # classifier re-training on the features
+            order = torch.randperm(len(labels), generator=gen)
+            for s in range(0, len(order), cfg.retrain_batch_size):
+                i = order[s:s + cfg.retrain_batch_size]
+                ropt.zero_grad(set_to_none=True)
+                F.cross_entropy(logits(head, feats[i]), labels[i]).backward()
+                ropt.step()
+        head = {k: v.detach() for k, v in head.items()}
+        extra = {**state.extra, "features": {"x": feats}, "retrained_head": head}
+        return ServerState(weights={**state.weights, **clone(head)}, extra=extra, meta=state.meta)
+
+    # -- personalization -----------------------------------------------------------------------
+    def personalized_model(self, state: ServerState, client_state: ClientState, data: ClientData,
+                           gen: torch.Generator, client_id: int = 0) -> Weights | None:
+        if not self.cfg.keep_local_model:
+            return None
+        return client_state.get("local_model") or state.weights

@@ -1,0 +1,456 @@
+"""Personalized-FL baselines (Ditto, FedBN, LG-FedAvg, APFL, pFedMe, FedRoD, FedSim/FedAlt, CReFF):
+one step of each against hand-computed values on tiny models, and (slow) each through the engine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fakes import MSETask
+from torch import nn
+
+from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.algorithms.fedrod import weights_seed
+from fedpipe.config import ConfigError
+from fedpipe.config.fl import FLConfig, LocalTrainConfig
+from fedpipe.data import ClientData
+from fedpipe.fl import RoundInfo, run_federated
+from fedpipe.fl.local import local_train
+from fedpipe.fl.state import Payload
+from fedpipe.models.classifiers import Classifier
+from fedpipe.pipeline.federate import client_evaluator
+from fedpipe.rng import torch_generator
+from fedpipe.tasks import ClassificationTask
+
+DT = torch.float64
+LR = 0.1
+FULL_BATCH = LocalTrainConfig(steps=1, batch_size=64, lr=LR)
+
+
+class TwoLayer(nn.Module):
+    """f(x) = h^T B x: a body B (2x2) and a head h (1x2), both without bias."""
+
+    def __init__(self, body=((0.5, -0.2), (0.1, 0.3)), head=((0.4, -0.6),)):
+        super().__init__()
+        self.body = nn.Linear(2, 2, bias=False, dtype=DT)
+        self.head = nn.Linear(2, 1, bias=False, dtype=DT)
+        with torch.no_grad():
+            self.body.weight.copy_(torch.tensor(body, dtype=DT))
+            self.head.weight.copy_(torch.tensor(head, dtype=DT))
+
+    def forward(self, x):
+        return self.head(self.body(x)).squeeze(-1)
+
+
+def data(seed: int, n: int) -> ClientData:
+    g = torch.Generator().manual_seed(seed)
+    return ClientData(torch.randn(n, 2, generator=g, dtype=DT), torch.randn(n, generator=g, dtype=DT))
+
+
+CLIENTS = [data(1, 3), data(2, 5)]
+B0, H0 = TwoLayer().body.weight.detach().clone(), TwoLayer().head.weight.detach().clone()
+BV, HV = torch.tensor([[0.2, 0.1], [-0.3, 0.4]], dtype=DT), torch.tensor([[-0.5, 0.2]], dtype=DT)
+
+
+def make(name, cfg=None, local=FULL_BATCH, model_fn=TwoLayer, task=None, num_clients=2):
+    return ALGORITHMS[name](task or MSETask(), model_fn, local, algorithm_config(name, cfg),
+                            aggregation="weighted", num_clients=num_clients)
+
+
+def residual(B, h, d):
+    return (d.x @ B.T @ h.T).squeeze(-1) - d.y
+
+
+def grad_head(B, h, d):  # d/dh mean (h^T B x - y)^2
+    return 2 / len(d) * (residual(B, h, d)[:, None] * (d.x @ B.T)).sum(0, keepdim=True)
+
+
+def grad_body(B, h, d):  # d/dB
+    return 2 / len(d) * (residual(B, h, d)[:, None, None] * h.T[None] * d.x[:, None, :]).sum(0)
+
+
+def W(B, h):
+    return {"body.weight": B, "head.weight": h}
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def step(s, weights, client_state=None, d=CLIENTS[1], round_=0):
+    return s.client_update(Payload(round_, weights, client_id=1), client_state or {}, d,
+                           torch_generator(0, "t"), 1)
+
+
+# -- Ditto -------------------------------------------------------------------------------------
+def test_ditto_global_step_then_proximal_personal_step():
+    lam, d = 0.75, CLIENTS[1]
+    s = make("ditto", {"lam": lam})
+    update, state, metrics = step(s, W(B0, H0), {"personal": W(BV, HV)})
+    close(update.weights["body.weight"], B0 - LR * grad_body(B0, H0, d))  # FedAvg's step on w
+    close(update.weights["head.weight"], H0 - LR * grad_head(B0, H0, d))
+    # v <- v - eta (grad F(v) + lam (v - w^t))
+    close(state["personal"]["body.weight"], BV - LR * (grad_body(BV, HV, d) + lam * (BV - B0)))
+    close(state["personal"]["head.weight"], HV - LR * (grad_head(BV, HV, d) + lam * (HV - H0)))
+    assert metrics["personal_steps"] == 1
+    st = s.init_server(TwoLayer())
+    assert s.personalized_model(st, state, d, None)["body.weight"] is state["personal"]["body.weight"]
+    assert s.personalized_model(st, {}, d, None) is st.weights  # never selected: the global model
+
+
+def test_ditto_first_participation_starts_from_the_global_model():
+    d = CLIENTS[0]
+    _, state, _ = step(make("ditto"), W(B0, H0), None, d)
+    close(state["personal"]["body.weight"], B0 - LR * grad_body(B0, H0, d))  # prox term is 0
+
+
+# -- FedBN -------------------------------------------------------------------------------------
+class BNNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.body = nn.Sequential(nn.Linear(2, 3, dtype=DT), nn.BatchNorm1d(3, dtype=DT))
+        self.head = nn.Linear(3, 1, dtype=DT)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=DT))
+
+    def forward(self, x):
+        return self.head(self.body(x)).squeeze(-1)
+
+
+def test_fedbn_keeps_batchnorm_on_the_clients_and_averages_the_rest():
+    s = make("fedbn", model_fn=BNNet)
+    assert s.personal == {"body.1.weight", "body.1.bias", "body.1.running_mean",
+                          "body.1.running_var", "body.1.num_batches_tracked"}
+    fl = FLConfig(rounds=1, participation=1.0, local=FULL_BATCH, checkpoint_every=10)
+    res = run_federated(s, BNNet(), CLIENTS, fl, seed=0, progress=False)
+    trained = []
+    for cid, d in enumerate(CLIENTS):  # each client: one step of plain SGD from the initial model
+        m = BNNet()
+        local_train(m, d, MSETask(), FULL_BATCH, 0, torch_generator(0, "client-update", 0, cid))
+        trained.append(m.state_dict())
+    n = [len(d) for d in CLIENTS]
+    init = BNNet().state_dict()
+    for k in init:
+        if k in s.personal:
+            assert torch.equal(res.state.weights[k], init[k])  # the global model keeps initial BN
+            for cid in range(2):
+                assert torch.equal(res.client_states[cid]["personal"][k], trained[cid][k])
+                assert torch.equal(res.personal[cid][k], trained[cid][k])
+        else:
+            close(res.state.weights[k], (n[0] * trained[0][k] + n[1] * trained[1][k]) / sum(n))
+    assert not torch.equal(trained[0]["body.1.running_mean"], trained[1]["body.1.running_mean"])
+
+
+def test_fedbn_refuses_a_model_without_batchnorm():
+    with pytest.raises(ValueError, match="no BatchNorm"):
+        _ = make("fedbn").personal
+
+
+# -- LG-FedAvg ---------------------------------------------------------------------------------
+def test_lg_fedavg_keeps_the_body_and_averages_the_head():
+    fl = FLConfig(rounds=1, participation=1.0, local=FULL_BATCH, checkpoint_every=10)
+    res = run_federated(make("lg_fedavg"), TwoLayer(), CLIENTS, fl, seed=0, progress=False)
+    n = torch.tensor([len(d) for d in CLIENTS], dtype=DT)
+    heads = [H0 - LR * grad_head(B0, H0, d) for d in CLIENTS]
+    close(res.state.weights["head.weight"], (n[0] * heads[0] + n[1] * heads[1]) / n.sum())
+    assert torch.equal(res.state.weights["body.weight"], B0)  # no global representation
+    for cid, d in enumerate(CLIENTS):
+        close(res.client_states[cid]["personal"]["body.weight"], B0 - LR * grad_body(B0, H0, d))
+        close(res.personal[cid]["head.weight"], res.state.weights["head.weight"])
+
+
+def test_lg_fedavg_warmup_rounds_are_fedavg():
+    update, state, _ = step(make("lg_fedavg", {"warmup_rounds": 1}), W(B0, H0))
+    assert set(update.weights) == {"body.weight", "head.weight"} and state == {}
+    update, state, _ = step(make("lg_fedavg", {"warmup_rounds": 1}), W(B0, H0), round_=1)
+    assert set(update.weights) == {"head.weight"} and set(state["personal"]) == {"body.weight"}
+
+
+# -- APFL --------------------------------------------------------------------------------------
+def test_apfl_steps_w_and_v_from_the_same_point():
+    a, d = 0.3, CLIENTS[1]
+    s = make("apfl", {"alpha": a})
+    update, state, _ = step(s, W(B0, H0), {"personal": W(BV, HV)})
+    close(update.weights["body.weight"], B0 - LR * grad_body(B0, H0, d))
+    close(update.weights["head.weight"], H0 - LR * grad_head(B0, H0, d))
+    Bm, hm = a * BV + (1 - a) * B0, a * HV + (1 - a) * H0  # v_bar
+    v = state["personal"]
+    close(v["body.weight"], BV - LR * a * grad_body(Bm, hm, d))
+    close(v["head.weight"], HV - LR * a * grad_head(Bm, hm, d))
+    glob = s.init_server(TwoLayer())
+    pm = s.personalized_model(glob, state, d, None)
+    close(pm["body.weight"], a * v["body.weight"] + (1 - a) * B0)
+
+
+def test_apfl_adaptive_alpha_step():
+    a, alr, d = 0.3, 0.7, CLIENTS[1]
+    s = make("apfl", {"alpha": a, "adaptive": True, "alpha_lr": alr})
+    _, state, metrics = step(s, W(B0, H0), {"personal": W(BV, HV)})
+    Bm, hm = a * BV + (1 - a) * B0, a * HV + (1 - a) * H0
+    grad_alpha = ((BV - B0) * grad_body(Bm, hm, d)).sum() + ((HV - H0) * grad_head(Bm, hm, d)).sum()
+    a1 = min(max(a - alr * float(grad_alpha), 0.0), 1.0)
+    assert 0 < a1 < 1 and a1 != a
+    close(state["alpha"]["alpha"], torch.tensor(a1, dtype=DT))
+    pm = s.personalized_model(s.init_server(TwoLayer()), state, d, None)
+    close(pm["head.weight"], a1 * state["personal"]["head.weight"] + (1 - a1) * H0)
+
+
+# -- pFedMe ------------------------------------------------------------------------------------
+def test_pfedme_inner_steps_and_local_update():
+    lam, plr, d = 0.5, 0.2, CLIENTS[1]
+    s = make("pfedme", {"lam": lam, "inner_steps": 2, "personal_lr": plr})
+    update, state, _ = step(s, W(B0, H0))
+    B, h = B0, H0  # theta, from w
+    for _ in range(2):
+        B, h = (B - plr * (grad_body(B, h, d) + lam * (B - B0)),
+                h - plr * (grad_head(B, h, d) + lam * (h - H0)))
+    close(state["personal"]["body.weight"], B)
+    close(state["personal"]["head.weight"], h)
+    close(update.weights["body.weight"], B0 - LR * lam * (B0 - B))
+    close(update.weights["head.weight"], H0 - LR * lam * (H0 - h))
+
+
+def test_pfedme_server_step_beta():
+    s = make("pfedme", {"beta": 2.0})
+    st = s.init_server(TwoLayer())
+    ups = [step(s, W(B0, H0), None, d)[0] for d in CLIENTS]
+    new = s.aggregate(st, RoundInfo(0, 1, 0, tuple(ups)))
+    n = [len(d) for d in CLIENTS]
+    avg = (n[0] * ups[0].weights["body.weight"] + n[1] * ups[1].weights["body.weight"]) / sum(n)
+    close(new.weights["body.weight"], -1.0 * B0 + 2.0 * avg)
+
+
+# -- FedRoD ------------------------------------------------------------------------------------
+def linear_classifier(c=3):
+    """A classifier whose body is Flatten (features z = x) and head W z + b: closed-form gradients."""
+    m = Classifier((1, 1, 2), c, nn.Flatten()).double()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=DT))
+    return m
+
+
+def cls_data(seed, labels):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.tensor(labels)
+    return ClientData(torch.randn(len(y), 1, 1, 2, generator=g, dtype=DT), y)
+
+
+def ce_grads(logit, z, y):
+    """d/dW, d/db of mean CE(logit, y) with logit = W z + b + const."""
+    r = (torch.softmax(logit, 1) - F.one_hot(y, logit.shape[1]).to(DT)) / len(y)
+    return r.T @ z, r.sum(0)
+
+
+def test_fedrod_balanced_softmax_then_linear_personal_head():
+    d = cls_data(5, [0, 0, 0, 2])  # class 1 absent: log prior -inf
+    s = make("fedrod", {"personal_head": "linear"}, model_fn=linear_classifier,
+             task=ClassificationTask())
+    m = linear_classifier()
+    W0, b0 = m.head.weight.detach(), m.head.bias.detach()
+    update, state, _ = step(s, dict(m.state_dict()), None, d)
+    z = d.x.flatten(1)
+    log_prior = torch.log(torch.tensor([3.0, 0.0, 1.0], dtype=DT) / 4)
+    gW, gb = ce_grads(z @ W0.T + b0 + log_prior, z, d.y)
+    W1, b1 = W0 - LR * gW, b0 - LR * gb
+    close(update.weights["head.weight"], W1)
+    close(update.weights["head.bias"], b1)
+    gP, gp = ce_grads(z @ W1.T + b1, z, d.y)  # p starts at 0: out_g + p(z) = out_g
+    close(state["personal"]["linear.weight"], -LR * gP)
+    close(state["personal"]["linear.bias"], -LR * gp)
+    glob = s.init_server(m)
+    pm = s.personalized_model(glob, state, d, None)
+    close(pm["head.weight"], W0 - LR * gP)  # W_g + W_i
+    close(pm["head.bias"], b0 - LR * gp)
+
+
+def test_fedrod_hypernetwork_head_is_shared_and_seeded_from_the_model():
+    d = cls_data(6, [0, 1, 1, 2, 2, 2])
+    s = make("fedrod", model_fn=linear_classifier, task=ClassificationTask())
+    st = s.init_server(linear_classifier())
+    again = make("fedrod", model_fn=linear_classifier, task=ClassificationTask()).init_server(
+        linear_classifier())
+    for k, v in st.extra["hypernet"].items():
+        assert torch.equal(v, again.extra["hypernet"][k])
+    assert weights_seed(st.weights) == weights_seed(dict(linear_classifier().state_dict()))
+    h = st.extra["hypernet"]
+    pi = torch.tensor([1, 2, 3], dtype=DT) / 6
+    Wi = (F.relu(pi @ h["hyper.net.0.weight"].T + h["hyper.net.0.bias"]) @ h["hyper.net.2.weight"].T
+          + h["hyper.net.2.bias"]).view(3, 2)
+    pm = s.personalized_model(st, {}, d, None)
+    close(pm["head.weight"], st.weights["head.weight"] + Wi)
+    close(pm["head.bias"], st.weights["head.bias"])  # the hypernetwork gives no bias
+    update, state, _ = s.client_update(s.payload(st, 0, 1), {}, d, torch_generator(0, "t"), 1)
+    assert state == {} and set(update.extra["hypernet"]) == set(h)
+    assert not torch.equal(update.extra["hypernet"]["hyper.net.2.weight"], h["hyper.net.2.weight"])
+    new = s.aggregate(st, RoundInfo(0, 1, 0, (update,)))
+    assert torch.equal(new.extra["hypernet"]["hyper.net.2.weight"],
+                       update.extra["hypernet"]["hyper.net.2.weight"])
+
+
+# -- FedSim / FedAlt ---------------------------------------------------------------------------
+def test_fedalt_trains_the_personal_part_then_the_shared_part():
+    d = CLIENTS[1]
+    s = make("fedalt", {"part": "output"}, LocalTrainConfig(epochs=1, batch_size=64, lr=LR))
+    update, state, m = step(s, W(B0, H0), {"personal": {"head.weight": HV}}, d)
+    h1 = HV - LR * grad_head(B0, HV, d)  # v, u fixed
+    close(state["personal"]["head.weight"], h1)
+    close(update.weights["body.weight"], B0 - LR * grad_body(B0, h1, d))  # u, v fixed
+    assert set(update.weights) == {"body.weight"} and m["personal_steps"] == 1
+
+
+def test_fedsim_updates_both_parts_simultaneously():
+    d = CLIENTS[1]
+    update, state, _ = step(make("fedsim", {"part": "input"}), W(B0, H0), {}, d)
+    close(state["personal"]["body.weight"], B0 - LR * grad_body(B0, H0, d))  # the input layer
+    close(update.weights["head.weight"], H0 - LR * grad_head(B0, H0, d))
+    assert set(update.weights) == {"head.weight"}
+
+
+class WithAdapter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 2, dtype=DT))
+        self.body.adapter1 = nn.Linear(2, 2, bias=False, dtype=DT)
+        self.head = nn.Linear(2, 1, dtype=DT)
+
+    def forward(self, x):
+        z = self.body[0](x)
+        return self.head(z + self.body.adapter1(z)).squeeze(-1)
+
+
+def test_partial_split_is_a_config_option_for_adapters():
+    assert make("fedsim", {"part": "adapter"}, model_fn=WithAdapter).personal == {
+        "body.adapter1.weight"}
+    assert make("fedalt", {"part": "modules", "modules": ["body.0"]},
+                model_fn=WithAdapter).personal == {"body.0.weight", "body.0.bias"}
+    with pytest.raises(ValueError, match="adapter"):
+        _ = make("fedsim", {"part": "adapter"}).personal  # TwoLayer has no adapter
+    with pytest.raises(ConfigError):
+        algorithm_config("fedsim", {"part": "modules"})
+
+
+# -- CReFF -------------------------------------------------------------------------------------
+def test_creff_real_gradients_matching_and_retraining():
+    d = cls_data(7, [0, 0, 2, 2, 2])
+    cfg = {"num_features": 2, "feature_epochs": 1, "retrain_epochs": 1, "retrain_batch_size": 64,
+           "feature_lr": 0.5, "retrain_lr": 0.3}
+    s = make("creff", cfg, model_fn=linear_classifier, task=ClassificationTask(), num_clients=1)
+    m = linear_classifier()
+    st = s.init_server(m)
+    W0, b0 = m.head.weight.detach(), m.head.bias.detach()
+    update, cstate, _ = s.client_update(s.payload(st, 0, 0), {}, d, torch_generator(0, "t"), 0)
+    z = d.x.flatten(1)
+    real = torch.zeros(3, 3, 2, dtype=DT)
+    for c in (0, 2):  # batch_real 64 > the class's samples: all of them
+        zc = z[d.y == c]
+        real[c] = ce_grads(zc @ W0.T + b0, zc, d.y[d.y == c])[0]
+    close(update.extra["creff"]["grads"], real)
+    assert update.extra["creff"]["counts"].tolist() == [2.0, 0.0, 3.0]
+    rnd = RoundInfo(0, 1, 9, (update,))
+    new = s.server_update(s.aggregate(st, rnd), rnd)
+    # the features: F0 ~ N(0, 1) from (seed, "creff-features", round), one matching step
+    F0 = torch.randn(6, 2, generator=rnd.generator("creff-features"), dtype=DT).requires_grad_(True)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    loss = 0
+    for c in (0, 2):  # only classes some client owns
+        fc = F0[labels == c]
+        g_syn = ce_grads(fc @ W0.T + b0, fc, labels[labels == c])[0]
+        loss = loss + (1 - F.cosine_similarity(g_syn, real[c], dim=1)).sum()
+    loss.backward()
+    F1 = (F0 - 0.5 * F0.grad).detach()
+    close(new.extra["features"]["x"], F1)
+    gW, gb = ce_grads(F1 @ W0.T + b0, F1, labels)  # one full-batch epoch from the initial head
+    close(new.weights["head.weight"], W0 - 0.3 * gW)
+    close(new.weights["head.bias"], b0 - 0.3 * gb)
+    # clients keep training the FedAvg model; its head travels in the payload
+    assert torch.equal(s.payload(new, 1, 0).weights["head.weight"], update.weights["head.weight"])
+    assert cstate["local_model"] is update.weights
+    assert s.personalized_model(new, cstate, d, None) is update.weights
+
+
+@pytest.mark.parametrize(("name", "bad"), [
+    ("ditto", {"lam": -1.0}), ("fedbn", {"norm": "group"}), ("lg_fedavg", {"warmup_rounds": -1}),
+    ("apfl", {"alpha": 1.5}), ("pfedme", {"inner_steps": 0}), ("fedrod", {"personal_head": "mlp"}),
+    ("fedsim", {"part": "everything"}), ("fedalt", {"shared_epochs": 0}), ("creff", {"feature_lr": 0}),
+])
+def test_invalid_hyperparameters_name_the_key(name, bad):
+    with pytest.raises(ConfigError) as err:
+        algorithm_config(name, bad)
+    assert err.value.key == f"algorithms.{name}.{next(iter(bad))}"
+
+
+# -- end to end ---------------------------------------------------------------------------------
+def bn_classifier():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        body = nn.Sequential(nn.Flatten(), nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU())
+        return Classifier((1, 2, 2), 4, body)
+
+
+def blobs(seed, classes, n):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.tensor(classes).repeat(n // len(classes))
+    centres = 3 * torch.eye(4)
+    return ClientData((centres[y] + 0.5 * torch.randn(len(y), 4, generator=g)).view(-1, 1, 2, 2), y)
+
+
+@pytest.mark.slow
+def test_each_method_runs_end_to_end_with_personal_accuracy_above_chance():
+    classes = [[0, 1], [1, 2], [2, 3], [3, 0]]
+    train = [blobs(k, c, 24) for k, c in enumerate(classes)]
+    tests = [blobs(10 + k, c, 20) for k, c in enumerate(classes)]
+    test_x, test_y = torch.cat([t.x for t in tests]), torch.cat([t.y for t in tests])
+    local = LocalTrainConfig(epochs=2, batch_size=8, lr=0.1)
+    fl = FLConfig(rounds=2, participation=0.75, local=local, checkpoint_every=10)
+    cfgs = {"creff": {"retrain_epochs": 30, "feature_epochs": 20}}
+    for name in ("ditto", "fedbn", "lg_fedavg", "apfl", "pfedme", "fedrod", "fedsim", "fedalt",
+                 "creff"):
+        s = ALGORITHMS[name](ClassificationTask(), bn_classifier, local,
+                             algorithm_config(name, cfgs.get(name)), num_clients=4)
+        ev = client_evaluator(ClassificationTask(), s.model_of, test_x, test_y, tests, 0)
+        res = run_federated(s, bn_classifier(), train, fl, seed=0, evaluate=ev, progress=False)
+        acc = res.history[-1]["test_personal_mean"]
+        assert math.isfinite(acc) and acc > 0.25 + 0.2, (name, acc)  # chance: 1/4
+        assert len(res.personal) == 4
+
+
+def assert_identical(a, b):
+    """Equal bit for bit: state dicts, or named groups of them."""
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_identical(a[k], b[k])
+        else:
+            assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("name", ["ditto", "fedbn", "lg_fedavg", "apfl", "pfedme", "fedrod",
+                                  "fedsim", "fedalt", "creff"])
+def test_three_rounds_deterministic_and_resumable(name, tmp_path):
+    classes = [[0, 1], [1, 2], [2, 3], [3, 0]]
+    train = [blobs(k, c, 8) for k, c in enumerate(classes)]
+    local = LocalTrainConfig(steps=2, batch_size=4, lr=0.1)
+    fl = FLConfig(rounds=3, participation=0.5, local=local, checkpoint_every=5)
+    cfg = algorithm_config(name, {"retrain_epochs": 2, "feature_epochs": 2, "num_features": 3}
+                           if name == "creff" else None)
+
+    def run(**kw):
+        s = ALGORITHMS[name](ClassificationTask(), bn_classifier, local, cfg, num_clients=4)
+        return run_federated(s, bn_classifier(), train, fl, seed=3, progress=False, **kw)
+
+    full = run()
+    assert_identical(full.state.weights, run().state.weights)
+    assert run(checkpoint_dir=tmp_path, fingerprint="f", stop_after=1).rounds_done == 1
+    resumed = run(checkpoint_dir=tmp_path, fingerprint="f")
+    assert resumed.resumed_from == 1 and resumed.rounds_done == 3
+    assert_identical(full.state.weights, resumed.state.weights)
+    assert_identical(full.state.extra, resumed.state.extra)
+    assert_identical(full.client_states, {c: resumed.client_states[c] for c in full.client_states})
+    assert_identical(full.personal, resumed.personal)
+    assert full.history == resumed.history
