@@ -14,6 +14,7 @@ from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
 from fedpipe.algorithms.feddyn import FedDyn
 from fedpipe.algorithms.fedper import FedPer
 from fedpipe.algorithms.fedprox import FedProx
+from fedpipe.algorithms.fedptr import FedPTR, FedPTRS, FedPTRSOnce
 from fedpipe.algorithms.fedrep import FedRep
 from fedpipe.algorithms.local import Local
 from fedpipe.algorithms.mofedsam import MoFedSAM
@@ -34,6 +35,9 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "fedavg_ft": FedAvgFT,
     "fedper": FedPer,
     "fedrep": FedRep,
+    "fedptr": FedPTR,
+    "fedptr_s": FedPTRS,
+    "fedptr_s_once": FedPTRSOnce,
 }
 
 
