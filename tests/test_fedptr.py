@@ -283,3 +283,20 @@ def test_deterministic_and_resumable(name, tmp_path):
     assert_identical(full.state.extra, resumed.state.extra)
     for cid in full.client_states:
         assert_identical(full.client_states[cid], resumed.client_states[cid])
+
+
+def test_claims_follow_table_1_and_table_7():
+    from fedpipe.claims import fedptr as fedptr_claims
+    from fedpipe.config.core import build
+    from fedpipe.config.fl import StudyConfig
+
+    def study(name):
+        return build(StudyConfig, {"name": name, "algorithms": ["fedavg"], "seeds": [0, 1, 2],
+                                   "diffusion_algorithms": []}, "study")
+    by = {(c.method, c.baseline): c for c in fedptr_claims.claims(study("fedptr_smoke"))}
+    assert all(c.metric == "test_accuracy_last5" and c.direction == "higher" for c in by.values())
+    assert "68.16 vs 55.43" in by[("fedptr_s", "fedavg")].source  # CIFAR10 Dir(0.01), 100%
+    assert "65.34" in by[("fedptr_s_once", "fedavg")].source
+    c100 = {(c.method, c.baseline): c for c in fedptr_claims.claims(study("fedptr_cifar100"))}
+    assert "44.82 vs 42.02" in c100[("fedptr_s", "scaffold")].source
+    assert len(by) == 12
