@@ -300,3 +300,25 @@ def test_claims_follow_table_1_and_table_7():
     c100 = {(c.method, c.baseline): c for c in fedptr_claims.claims(study("fedptr_cifar100"))}
     assert "44.82 vs 42.02" in c100[("fedptr_s", "scaffold")].source
     assert len(by) == 12
+
+
+@pytest.mark.parametrize("study", ["fedptr_smoke", "fedptr_cifar10", "fedptr_cifar100",
+                                   "fedptr_fmnist"])
+def test_studies_compose_and_validate(study, tmp_path):
+    from pathlib import Path
+
+    from fedpipe.config.compose import compose_params
+    from fedpipe.config.core import load_params
+    from fedpipe.config.stages import partition_stage_config
+    from fedpipe.pipeline.common import train_config
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
+    assert p["partition"]["scheme"] == "dirichlet" and p["partition"]["alpha"] == 0.01
+    assert p["study"]["seeds"] == [0, 1, 2] and p["study"]["diffusion_algorithms"] == []
+    partition_stage_config(p)
+    for algo in p["study"]["algorithms"]:
+        train_config(p, algo, 0)
+    if study != "fedptr_smoke":
+        assert p["fl"]["local"]["batch_size"] == 500 and p["fl"]["local"]["lr"] == 0.01
+        assert {"fedptr", "fedptr_s", "scaffold", "feddyn", "feddc"} <= set(p["study"]["algorithms"])
