@@ -18,6 +18,7 @@ from fedpipe.claims import (
     paper_claims,
 )
 from fedpipe.claims import fedddpm as fedddpm_claims
+from fedpipe.claims import fedptr as fedptr_claims
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import read_json, write_json
@@ -167,7 +168,7 @@ def study_of(**kw) -> StudyConfig:
 def test_registry_fedddpm_claims_as_the_paper_states_them():
     study = study_of()
     papers = paper_claims(study)
-    assert set(papers) == {fedddpm_claims.PAPER, "classification baselines"}
+    assert set(papers) == {fedddpm_claims.PAPER, "classification baselines", fedptr_claims.PAPER}
     claims = all_claims(study)
     assert len({c.key for c in claims}) == len(claims)
     by = {(c.method, c.baseline, c.metric): c for c in papers[fedddpm_claims.PAPER]}

@@ -18,6 +18,7 @@ from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
 from fedpipe.algorithms.feddyn import FedDyn
 from fedpipe.algorithms.fedper import FedPer
 from fedpipe.algorithms.fedprox import FedProx
+from fedpipe.algorithms.fedptr import FedPTR, FedPTRS, FedPTRSOnce
 from fedpipe.algorithms.fedrep import FedRep
 from fedpipe.algorithms.fedrod import FedRoD
 from fedpipe.algorithms.fedsim import FedAlt, FedSim
@@ -51,6 +52,9 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "fedsim": FedSim,
     "fedalt": FedAlt,
     "creff": CReFF,
+    "fedptr": FedPTR,
+    "fedptr_s": FedPTRS,
+    "fedptr_s_once": FedPTRSOnce,
 }
 
 

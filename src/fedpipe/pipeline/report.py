@@ -47,7 +47,8 @@ FEDERATE_DDPM_DIR = Path("data/federate_ddpm")
 EVALUATE_DIR = Path("data/evaluate")
 
 # (metric key, column title) of the classification table; personalized columns only when present
-GLOBAL_COLUMNS = [("test_accuracy", "global acc"), ("client_acc_mean", "client mean"),
+GLOBAL_COLUMNS = [("test_accuracy", "global acc"), ("test_accuracy_last5", "global acc, last 5 rounds"),
+                  ("client_acc_mean", "client mean"),
                   ("client_acc_std", "client std"), ("client_acc_worst10", "worst 10%"),
                   ("client_acc_best10", "best 10%")]
 PERSONAL_COLUMNS = [("personal_acc_mean", "personal mean"), ("personal_acc_std", "personal std"),

@@ -1,0 +1,324 @@
+"""FedPTR / FedPTR-S (spec 000): MTT's loss and gradient against hand computation and finite
+differences, the layer-adaptive penalty's gradient, MTT recovering a known one-step trajectory, the
+round protocol of both variants (history, projection, one-shot schedule, client-side initialisation)
+and a deterministic, resumable run.
+
+The hand computations use a linear model w in R^2 (no bias) and the loss
+L(w; X, y) = mean_j (x_j . w - y_j)^2, whose gradient is (2/n) sum_j (x_j . w - y_j) x_j.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.algorithms.fedptr import layer_groups, ptr_penalty
+from fedpipe.config import ConfigError
+from fedpipe.config.fl import FLConfig, LocalTrainConfig
+from fedpipe.data import ClientData
+from fedpipe.fl import RoundInfo, run_federated
+from fedpipe.fl.mtt import (
+    DSA_FAMILIES,
+    MTTSettings,
+    SyntheticSet,
+    make_dsa,
+    mtt_grad,
+    mtt_loss,
+    mtt_update,
+    project,
+    unroll,
+)
+from fedpipe.models import build_model
+from fedpipe.tasks import ClassificationTask
+
+DT = torch.float64
+XS = [[1.0, 2.0], [3.0, -1.0]]
+YS = [1.0, 2.0]
+W0 = [0.5, -0.25]
+WEND = [0.3, 0.1]
+BETA = 0.05
+
+
+def linear() -> nn.Module:
+    return nn.Linear(2, 1, bias=False).to(DT)
+
+
+def hand_step(w, xs, beta):
+    r = [x[0] * w[0] + x[1] * w[1] - y for x, y in zip(xs, YS, strict=True)]
+    g = [2 / len(xs) * sum(rj * x[d] for rj, x in zip(r, xs, strict=True)) for d in range(2)]
+    return [w[d] - beta * g[d] for d in range(2)]
+
+
+def hand_mtt_loss(xs, beta, steps):
+    w = W0
+    for _ in range(steps):
+        w = hand_step(w, xs, beta)
+    num = sum((a - b) ** 2 for a, b in zip(w, WEND, strict=True))
+    den = sum((a - b) ** 2 for a, b in zip(WEND, W0, strict=True))
+    return num / den
+
+
+def tensors():
+    x = torch.tensor(XS, dtype=DT)
+    y = torch.tensor(YS, dtype=DT).reshape(-1, 1)
+    w0 = {"weight": torch.tensor([W0], dtype=DT)}
+    wend = {"weight": torch.tensor([WEND], dtype=DT)}
+    return x, y, w0, wend
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_mtt_loss_and_gradient_hand_computed(steps):
+    x, y, w0, wend = tensors()
+    beta = torch.tensor([BETA], dtype=DT)
+    model = linear()
+    loss = mtt_loss(model, x, beta, y, w0, wend, steps)
+    assert float(loss) == pytest.approx(hand_mtt_loss(XS, BETA, steps), abs=1e-12)
+    (gx, gb), value = mtt_grad(model, x, beta, y, w0, wend, steps)
+    assert float(value) == pytest.approx(float(loss), abs=1e-15)
+    h = 1e-6  # central differences of the hand-computed loss
+    for i in range(2):
+        for d in range(2):
+            up = [row[:] for row in XS]
+            dn = [row[:] for row in XS]
+            up[i][d] += h
+            dn[i][d] -= h
+            fd = (hand_mtt_loss(up, BETA, steps) - hand_mtt_loss(dn, BETA, steps)) / (2 * h)
+            assert float(gx[i, d]) == pytest.approx(fd, rel=1e-6, abs=1e-9)
+    fd_b = (hand_mtt_loss(XS, BETA + h, steps) - hand_mtt_loss(XS, BETA - h, steps)) / (2 * h)
+    assert float(gb[0]) == pytest.approx(fd_b, rel=1e-6, abs=1e-9)
+    assert abs(fd_b) > 1e-3  # the beta gradient is not trivially zero
+
+
+def test_unroll_two_steps_is_two_hand_steps():
+    x, y, w0, _ = tensors()
+    w = unroll(linear(), w0, x, y, torch.tensor([BETA], dtype=DT), 2)
+    expected = hand_step(hand_step(W0, XS, BETA), XS, BETA)
+    assert w["weight"].flatten().tolist() == pytest.approx(expected, abs=1e-14)
+
+
+def test_layer_adaptive_penalty_gradient():
+    # two layers: "a" (weight + bias) and "b" (weight)
+    target = {"a.weight": torch.tensor([1.0, 2.0], dtype=DT), "a.bias": torch.tensor([0.0], dtype=DT),
+              "b.weight": torch.tensor([[0.5, -0.5]], dtype=DT)}
+    w = {"a.weight": torch.tensor([4.0, 2.0], dtype=DT), "a.bias": torch.tensor([4.0], dtype=DT),
+         "b.weight": torch.tensor([[0.5, 0.5]], dtype=DT)}
+    groups = layer_groups(list(w))
+    assert groups == [["a.weight", "a.bias"], ["b.weight"]]
+    lam = 0.1
+    da = [3.0, 0.0, 4.0]  # ||d_a|| = 5
+    db = [0.0, 1.0]  # ||d_b|| = 1
+    for stop, scale in ((True, 1.0), (False, 0.5)):
+        p = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+        val = ptr_penalty(p, target, lam, groups, adaptive=True, stop_gradient=stop)
+        # value: sum_j lambda/||d_j|| / 2 * ||d_j||^2 = lambda/2 (5 + 1)
+        assert float(val.detach()) == pytest.approx(lam / 2 * 6, rel=1e-9)
+        val.backward()
+        # stop-gradient: lambda d_j / ||d_j||; through lambda_j: half of it
+        assert p["a.weight"].grad.tolist() == pytest.approx([scale * lam * 3 / 5, 0.0], abs=1e-9)
+        assert p["a.bias"].grad.tolist() == pytest.approx([scale * lam * 4 / 5], abs=1e-9)
+        assert p["b.weight"].grad.flatten().tolist() == pytest.approx([0.0, scale * lam], abs=1e-9)
+    p = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    fixed = ptr_penalty(p, target, lam, groups, adaptive=False)
+    assert float(fixed.detach()) == pytest.approx(lam / 2 * (25 + 1))
+    fixed.backward()  # fixed lambda: lambda d
+    assert p["a.bias"].grad.tolist() == pytest.approx([lam * 4])
+    assert sum(v * v for v in da) == 25 and sum(v * v for v in db) == 1
+
+
+def test_mtt_recovers_a_known_one_step_trajectory():
+    """w_end is one student step on a hidden set X*; MTT from another X~ learns a set whose one
+    step from w_start lands on w_end."""
+    x_star = torch.tensor([[0.5, 1.0], [2.0, 0.5]], dtype=DT)
+    y = torch.tensor(YS, dtype=DT).reshape(-1, 1)
+    model = linear()
+    w0 = {"weight": torch.tensor([W0], dtype=DT)}
+    wend = unroll(model, w0, x_star, y, torch.tensor([BETA], dtype=DT), 1)
+    syn = SyntheticSet.create(torch.tensor(XS, dtype=DT), y, BETA)
+    before = float(mtt_loss(model, syn.x, syn.beta, y, w0, wend, 1))
+    syn, metrics = mtt_update(model, syn, w0, wend, MTTSettings(iterations=200, syn_steps=1,
+                                                                lr_img=0.5, lr_beta=0.0))
+    after = float(mtt_loss(model, syn.x, syn.beta, y, w0, wend, 1))
+    assert before > 0.1 and after < 1e-6
+    assert metrics["mtt_loss_last"] < metrics["mtt_loss_first"]
+    assert float(syn.beta[0]) == BETA  # lr_beta = 0 leaves beta alone
+    w1 = project(model, w0, syn.x, y, BETA, 1)
+    assert torch.allclose(w1["weight"], wend["weight"], atol=1e-4)
+
+
+def test_dsa_families_deterministic_and_differentiable():
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+    for fam in DSA_FAMILIES:
+        aug = make_dsa(fam)
+        a = aug(x, torch.Generator().manual_seed(1))
+        b = aug(x, torch.Generator().manual_seed(1))
+        assert a.shape == x.shape and torch.equal(a, b)
+        (gx,) = torch.autograd.grad(a.sum(), x)
+        assert torch.isfinite(gx).all() and gx.abs().sum() > 0
+    with pytest.raises(ValueError):
+        make_dsa("color_blur")
+
+
+# -- the strategies ---------------------------------------------------------------------------
+SHAPE = (1, 4, 4)
+
+
+def conv_model() -> nn.Module:
+    torch.manual_seed(0)
+    return build_model("convnet", SHAPE, 3, width=4, depth=1)
+
+
+def clients() -> list[ClientData]:
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for k in range(3):  # client k holds classes k and (k + 1) % 3 only
+        y = torch.tensor([k] * 6 + [(k + 1) % 3] * 4)
+        out.append(ClientData(torch.rand(len(y), *SHAPE, generator=g), y))
+    return out
+
+
+SMALL = {"ipc": 2, "mtt_iterations": 2, "syn_steps": 2, "lr_img": 10.0}
+LOCAL = LocalTrainConfig(steps=2, batch_size=4, lr=0.1)
+FL = FLConfig(rounds=4, participation=0.67, checkpoint_every=5, local=LOCAL)
+
+
+def strategy(name, **cfg):
+    return ALGORITHMS[name](ClassificationTask(), conv_model, LOCAL,
+                            algorithm_config(name, {**SMALL, **cfg}), num_clients=3)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ConfigError):
+        algorithm_config("fedptr_s", {"dsa_strategy": "color_blur"})
+    with pytest.raises(ConfigError):
+        algorithm_config("fedptr", {"window": 0})
+    with pytest.raises(ConfigError):
+        algorithm_config("fedptr", {"init": "zeros"})
+    assert algorithm_config("fedptr_s_once", None).mtt_once
+    assert not algorithm_config("fedptr_s", None).mtt_once
+
+
+def test_server_side_history_projection_and_one_shot():
+    for name, expected_updates in (("fedptr_s", 3), ("fedptr_s_once", 1)):
+        s = strategy(name)
+        state = s.init_server(conv_model())
+        w0 = {k: v.clone() for k, v in state.weights.items()}
+        assert "proj" not in s.payload(state, 0).extra
+        for r in range(4):
+            # a stand-in aggregate: move the weights
+            state.weights = {k: v + 0.01 * (r + 1) for k, v in state.weights.items()}
+            state = s.server_update(state, RoundInfo(index=r, total=4, seed=0))
+            hist = s.history(state)
+            assert len(hist) == min(r + 2, 2)  # [w^t, w^{t-1}] (m = 1)
+            if r == 0:  # t = 1 = m: no trajectory yet, lambda~ = 0
+                assert "proj" not in state.extra
+                assert torch.equal(hist[1]["body.0.weight"], w0["body.0.weight"])
+            else:
+                proj = s.payload(state, r + 1).extra["proj"]
+                syn = state.extra["syn"]
+                assert syn["x"].shape == (6, *SHAPE) and syn["y"].tolist() == [0, 0, 1, 1, 2, 2]
+                # the projection is K = 5 GD steps on D~ from w^t
+                expected = project(s.scratch_model_instance(), s.params_from(state.weights),
+                                   syn["x"], syn["y"], s.cfg.proj_lr, s.cfg.proj_steps)
+                assert all(torch.allclose(proj[k], expected[k]) for k in expected)
+                assert not torch.equal(proj["head.weight"], state.weights["head.weight"])
+        assert state.meta["mtt_updates"] == expected_updates
+
+
+def test_mtt_every_f_rounds():
+    s = strategy("fedptr_s", mtt_every=2)
+    assert [s.mtt_due(t, last) for t, last in ((2, None), (3, 2), (4, 2), (5, 4))] == \
+        [True, False, True, False]
+
+
+def test_client_side_initialisation_and_state():
+    s = strategy("fedptr")
+    data = clients()[0]  # classes 0 and 1
+    state = s.init_server(conv_model())
+    p0 = s.payload(state, 0)
+    assert "start" not in p0.extra
+    update, cstate, _ = s.client_update(p0, {}, data, torch.Generator().manual_seed(0), 0)
+    syn = cstate["syn"]
+    rows = {tuple(r.flatten().tolist()) for r in data.x}
+    for i in range(6):
+        real = tuple(syn["x"][i].flatten().tolist()) in rows
+        assert real == (int(syn["y"][i]) in (0, 1))  # own images where it has the class, noise else
+    assert float(syn["beta"][0]) == pytest.approx(0.01)
+    # t = 2 > m: the client gets w^{t-m}, runs MTT (its set changes) and keeps it
+    state.weights = update.weights
+    state = s.server_update(state, RoundInfo(index=0, total=4, seed=0))
+    state.weights = {k: v + 0.05 for k, v in state.weights.items()}
+    state = s.server_update(state, RoundInfo(index=1, total=4, seed=0))
+    p2 = s.payload(state, 2)
+    assert "start" in p2.extra
+    _, cstate2, m = s.client_update(p2, cstate, data, torch.Generator().manual_seed(1), 0)
+    assert not torch.equal(cstate2["syn"]["x"], syn["x"]) and int(cstate2["mtt"]["last"][0]) == 2
+    assert math.isfinite(m["loss"]) and "mtt_loss_last" in m
+
+
+def assert_identical(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_identical(a[k], b[k])
+        else:
+            assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("name", ["fedptr_s", "fedptr"])
+def test_deterministic_and_resumable(name, tmp_path):
+    def federate(**kw):
+        return run_federated(strategy(name), conv_model(), clients(), FL, seed=3, progress=False,
+                             **kw)
+    full = federate()
+    assert full.rounds_done == 4 and all(math.isfinite(h["train_loss"]) for h in full.history)
+    assert_identical(full.state.weights, federate().state.weights)
+    federate(checkpoint_dir=tmp_path, fingerprint="f", stop_after=2)
+    resumed = federate(checkpoint_dir=tmp_path, fingerprint="f")
+    assert resumed.resumed_from == 2
+    assert_identical(full.state.weights, resumed.state.weights)
+    assert_identical(full.state.extra, resumed.state.extra)
+    for cid in full.client_states:
+        assert_identical(full.client_states[cid], resumed.client_states[cid])
+
+
+def test_claims_follow_table_1_and_table_7():
+    from fedpipe.claims import fedptr as fedptr_claims
+    from fedpipe.config.core import build
+    from fedpipe.config.fl import StudyConfig
+
+    def study(name):
+        return build(StudyConfig, {"name": name, "algorithms": ["fedavg"], "seeds": [0, 1, 2],
+                                   "diffusion_algorithms": []}, "study")
+    by = {(c.method, c.baseline): c for c in fedptr_claims.claims(study("fedptr_smoke"))}
+    assert all(c.metric == "test_accuracy_last5" and c.direction == "higher" for c in by.values())
+    assert "68.16 vs 55.43" in by[("fedptr_s", "fedavg")].source  # CIFAR10 Dir(0.01), 100%
+    assert "65.34" in by[("fedptr_s_once", "fedavg")].source
+    c100 = {(c.method, c.baseline): c for c in fedptr_claims.claims(study("fedptr_cifar100"))}
+    assert "44.82 vs 42.02" in c100[("fedptr_s", "scaffold")].source
+    assert len(by) == 12
+
+
+@pytest.mark.parametrize("study", ["fedptr_smoke", "fedptr_cifar10", "fedptr_cifar100",
+                                   "fedptr_fmnist"])
+def test_studies_compose_and_validate(study, tmp_path):
+    from pathlib import Path
+
+    from fedpipe.config.compose import compose_params
+    from fedpipe.config.core import load_params
+    from fedpipe.config.stages import partition_stage_config
+    from fedpipe.pipeline.common import train_config
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
+    assert p["partition"]["scheme"] == "dirichlet" and p["partition"]["alpha"] == 0.01
+    assert p["study"]["seeds"] == [0, 1, 2] and p["study"]["diffusion_algorithms"] == []
+    partition_stage_config(p)
+    for algo in p["study"]["algorithms"]:
+        train_config(p, algo, 0)
+    if study != "fedptr_smoke":
+        assert p["fl"]["local"]["batch_size"] == 500 and p["fl"]["local"]["lr"] == 0.01
+        assert {"fedptr", "fedptr_s", "scaffold", "feddyn", "feddc"} <= set(p["study"]["algorithms"])
