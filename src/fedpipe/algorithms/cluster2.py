@@ -28,8 +28,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
 
 from fedpipe.algorithms.fedprox import FedProx
 from fedpipe.fl.state import is_float
@@ -53,6 +51,9 @@ def clustered_sample(distances: np.ndarray, sizes: np.ndarray, r: int,
                      rng: np.random.Generator) -> list[int]:
     """Ward clustering of ``distances`` cut into ``r`` clusters; one client per cluster with
     probability proportional to ``sizes``; fewer clusters than ``r``: the rest uniformly."""
+    from scipy.cluster.hierarchy import fcluster, linkage  # lazy, as the other stages' imports
+    from scipy.spatial.distance import squareform
+
     n = len(distances)
     if r >= n:
         return list(range(n))

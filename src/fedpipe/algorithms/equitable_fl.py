@@ -38,8 +38,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.cluster import KMeans
-from sklearn.metrics import normalized_mutual_info_score
 
 from fedpipe.algorithms.fedprox import FedProx, FedProxConfig
 from fedpipe.config.core import check, one_of
@@ -92,6 +90,8 @@ def spectral_clusters(activations: np.ndarray, num_clusters: int, rng: np.random
                       n_init: int = 10) -> np.ndarray:
     """Alg. 1 ``getprobs`` lines 19-23: S = A A^T; the eigenvectors of the C largest eigenvalues;
     K-Means (C clusters) on their rows. Returns the cluster label of each row of ``activations``."""
+    from sklearn.cluster import KMeans  # lazy: stages that never cluster skip importing sklearn
+
     a = np.asarray(activations, dtype=np.float64)
     c = min(num_clusters, len(a))
     s = a @ a.T
@@ -142,6 +142,8 @@ class EquitableFL(FedProx):
         clusters = state.meta.get("clusters", {})
         out = {"clusters_found": float(len(set(clusters.values())))}
         if self.client_groups is not None and clusters:
+            from sklearn.metrics import normalized_mutual_info_score
+
             ids = sorted(clusters, key=int)
             true = [self.client_groups[int(c)] for c in ids]
             # = fedpipe.metrics.clustering_nmi (the metrics layer sits below the algorithms)
