@@ -80,3 +80,17 @@ def test_two_queued_experiments_in_parallel_keep_everything(project):
     assert "Stage 'federate@fedavg-0' is cached - skipping run" in proc.stdout, proc.stdout
     assert json.loads((dst / "data/evaluate/metrics.json").read_text())["fedavg"]["test_accuracy"] \
         == acc["lr0.05"]
+
+
+def test_readme_grid_command_queues_three_experiments(project):
+    """The README's grid: `dvc exp run --queue -S partition=dirichlet -S 'partition.alpha=...'`."""
+    dst, env = project
+    readme = (dst / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("dvc exp run --queue"))
+    cmd = line.split("#")[0].split()
+    assert cmd[:4] == ["dvc", "exp", "run", "--queue"]
+    args = [a.strip("'") for a in cmd]
+    sh(args, dst, env)
+    status = sh(["dvc", "queue", "status"], dst, env).stdout
+    assert status.count("Queued") == 3, status
+    sh(["dvc", "queue", "remove", "--queued"], dst, env)

@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from fedpipe.algorithms.apfl import APFL
+from fedpipe.algorithms.cluster2 import Cluster2
 from fedpipe.algorithms.creff import CReFF
 from fedpipe.algorithms.ditto import Ditto
+from fedpipe.algorithms.equitable_fl import EquitableFL
+from fedpipe.algorithms.fairfed import FairFed
 from fedpipe.algorithms.fedavg_ft import FedAvgFT
 from fedpipe.algorithms.fedbn import FedBN
 from fedpipe.algorithms.feddc import FedDC
@@ -22,10 +25,12 @@ from fedpipe.algorithms.fedptr import FedPTR, FedPTRS, FedPTRSOnce
 from fedpipe.algorithms.fedrep import FedRep
 from fedpipe.algorithms.fedrod import FedRoD
 from fedpipe.algorithms.fedsim import FedAlt, FedSim
+from fedpipe.algorithms.gifair import GIFAIR
 from fedpipe.algorithms.lg_fedavg import LGFedAvg
 from fedpipe.algorithms.local import Local
 from fedpipe.algorithms.mofedsam import MoFedSAM
 from fedpipe.algorithms.pfedme import PFedMe
+from fedpipe.algorithms.pow_d import PowD
 from fedpipe.algorithms.scaffold import Scaffold
 from fedpipe.config import ConfigError, build
 from fedpipe.fl import Strategy
@@ -55,6 +60,12 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "fedptr": FedPTR,
     "fedptr_s": FedPTRS,
     "fedptr_s_once": FedPTRSOnce,
+    # Equitable-FL (spec 002) and its baselines
+    "equitable_fl": EquitableFL,
+    "cluster2": Cluster2,
+    "pow_d": PowD,
+    "gifair": GIFAIR,
+    "fairfed": FairFed,
 }
 
 

@@ -84,6 +84,9 @@ class Claim:
     direction: Direction
     source: str = ""
     tolerance: float | None = None
+    reference: float | None = None
+    """A constant baseline (Equitable-FL's "NMI close to 1"): the baseline arm is this value at every
+    seed of the method (so the test is paired), and ``baseline`` only names it."""
 
     def __post_init__(self) -> None:
         if self.track not in TRACKS:
@@ -154,6 +157,8 @@ def judge(claim: Claim, values: Values) -> ClaimResult:
     """Decide ``claim`` on ``values`` = {algorithm: {seed: value of claim.metric}} (see the rule in
     the module docstring)."""
     m, b = _arm(values, claim.method), _arm(values, claim.baseline)
+    if claim.reference is not None:
+        b = {s: float(claim.reference) for s in m}
     missing = [a for a, v in ((claim.method, m), (claim.baseline, b)) if not v]
     if missing:
         return ClaimResult(claim, "not evaluated", m, b, reason=(
@@ -197,9 +202,9 @@ def judge_all(claims: Iterable[Claim],
 
 def paper_claims(study: StudyConfig) -> dict[str, list[Claim]]:
     """The registry: each paper's claims for ``study``. A later paper adds its module here."""
-    from fedpipe.claims import baselines, fedddpm, fedptr
+    from fedpipe.claims import baselines, equitable, fedddpm, fedptr
 
-    return {module.PAPER: module.claims(study) for module in (fedddpm, baselines, fedptr)}
+    return {module.PAPER: module.claims(study) for module in (fedddpm, baselines, fedptr, equitable)}
 
 
 def all_claims(study: StudyConfig) -> list[Claim]:

@@ -11,9 +11,12 @@ One round (round protocol v2, docs/architecture.md):
    client)``); updates come back sorted by client id, and the client states are stored.
 4. ``strategy.aggregate(state, rnd)`` and ``strategy.server_update(state, rnd)`` with ``rnd`` a
    :class:`~fedpipe.fl.strategy.RoundInfo` (round, seed, updates, server data, score).
-5. Every ``fl.eval_every`` rounds: ``evaluate(state, personal)``, ``personal`` being each client's
+5. ``strategy.round_metrics(state, rnd)``: the server step's scalars (Equitable-FL's clustering
+   NMI), recorded in the round's history row.
+6. Every ``fl.eval_every`` rounds: ``evaluate(state, personal)``, ``personal`` being each client's
    own model (``strategy.personalized_model``, stream ``(seed, "personalize", r, client)``) for a
-   method that has them.
+   method that has them. Its per-client rows get a ``participant`` column (1.0 for the round's
+   clients), so metrics over the round's participants (Equitable-FL's CD, eq. 9) can be read off.
 
 So results do not depend on the order in which clients run, and a resumed run replays exactly the
 rounds it missed.
@@ -337,14 +340,17 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         record: dict[str, float] = {"round": float(r + 1),
                                     "train_loss": float((sizes * losses).sum() / sizes.sum()),
                                     "clients": float(len(selected))}
+        record |= {k: float(v) for k, v in strategy.round_metrics(state, rnd).items()}
         stopped = state.meta.get("stopped_at") is not None  # the strategy ended training
         interrupted = stop_after is not None and r + 1 >= stop_after
         if evaluate is not None and ((r + 1) % fl.eval_every == 0 or r + 1 == fl.rounds):
             if strategy.personalizes:
                 personal, personal_round = personal_models(strategy, state, store, clients, seed,
                                                            r), r + 1
-            scalars, rows = _split_record(evaluate(state, personal if strategy.personalizes
-                                                   else None), r + 1)
+            res = evaluate(state, personal if strategy.personalizes else None)
+            if any(isinstance(v, list | tuple | np.ndarray) for v in res.values()):
+                res = {**res, "participant": [float(c in selected) for c in range(n)]}
+            scalars, rows = _split_record(res, r + 1)
             record |= {f"test_{k}": v for k, v in scalars.items()}
             client_history += rows
         history.append(record)

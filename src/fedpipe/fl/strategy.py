@@ -127,6 +127,10 @@ class Strategy:
     config_class: type = NoConfig
     personal_modules: tuple[str, ...] = ()
     """Modules whose parameters (and buffers) stay on each client (FedPer: ``("head",)``)."""
+    client_groups: tuple[int, ...] | None = None
+    """The planted group of each client (the ``label_blocks`` partition's ``groups``), set by the
+    pipeline when the partition has them: oracle groups (GIFAIR-FL) and clustering metrics
+    (Equitable-FL's NMI) read it. None otherwise."""
 
     def __init__(self, task, model_fn: Callable[[], nn.Module], local: LocalTrainConfig,
                  cfg: Any = None, aggregation: str = "weighted", num_clients: int = 1):
@@ -272,6 +276,11 @@ class Strategy:
 
     def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
         return state
+
+    def round_metrics(self, state: ServerState, rnd: RoundInfo) -> dict[str, float]:
+        """Scalars of this round's server step, recorded in the round's history row after
+        ``server_update`` (Equitable-FL: the NMI of its clustering). Default: none."""
+        return {}
 
     # -- hooks: personalization ----------------------------------------------------------------
     def personalized_model(self, state: ServerState, client_state: ClientState, data: ClientData,

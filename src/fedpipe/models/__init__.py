@@ -21,6 +21,7 @@ from fedpipe.models.classifiers import (
     Normalize,
     ResNet18,
 )
+from fedpipe.models.cnn_cifar100 import CNNCifar100
 
 MODELS: dict[str, Callable[..., Classifier]] = {
     "mlp": MLP,  # Equitable-FL, MNIST "simple" model
@@ -28,6 +29,7 @@ MODELS: dict[str, Callable[..., Classifier]] = {
     "cnn_fednh": CNNFedNH,  # FedNH / FedROD CIFAR CNN (Conv2Cifar)
     "convnet": ConvNet,  # FedPTR, MTT ConvNet-128 depth 3
     "resnet18": ResNet18,  # CIFAR-style ResNet-18 (torchvision)
+    "cnn_cifar100": CNNCifar100,  # Equitable-FL, CIFAR-100 5-conv CNN
 }
 
 

@@ -20,6 +20,7 @@ from fedpipe.metrics import (
     client_accuracy_summary,
     per_client_accuracy,
     pm_accuracy,
+    sigma_acc,
     train_class_counts,
 )
 from fedpipe.pipeline.common import (
@@ -60,6 +61,7 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
         cols += [("personal_acc_mean", "personal mean"), ("personal_acc_std", "personal σ_acc"),
                  ("personal_acc_worst10", "personal worst 10%"), ("pm_v_mean", "PM(V)"),
                  ("pm_l_mean", "PM(L)")]
+    cols += [c for c in FAIRNESS_COLUMNS if any(c[0] in m for m in metrics.values())]
     cols.append(("final_train_loss", "train loss"))
     seeds = int(max(m.get("seeds", 1) for m in metrics.values()))
     lines = [f"# {title}", "", "| algorithm | " + " | ".join(c[1] for c in cols) + " |",
@@ -73,7 +75,7 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
             if v is None:
                 cells.append("–")
                 continue
-            scale, digits = (1, 4) if k == "final_train_loss" else (100, 2)
+            scale, digits = (1, 4) if k in UNSCALED else (100, 2)
             cell = f"{scale * v:.{digits}f}"
             if seeds > 1:
                 cell += f" ± {scale * m.get(k + '_std', 0.0):.{digits}f}"
@@ -88,7 +90,75 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
               "each client's own model (methods with personal models only); PM(V) / PM(L) are FedNH's: each "
               "client's own model on the global test set, weighted equally over the classes it owns / "
               "by its label distribution."]
+    if any("sigma_acc_global" in m for m in metrics.values()):
+        lines += ["", "Equitable-FL's metrics (spec 002 §3.6): σ_acc(g) = √(mean_i (Acc_i − Acc_global)²) "
+                  "and σ_acc(s) = std_i Acc_i of the final global model over the clients' local test "
+                  "splits; CMA columns are their means over all rounds (the paper's curves are "
+                  "cumulative moving averages); CD = eq. (9) over each round's participants (ordered "
+                  "pairs / C(r,2), as printed), mean over rounds; NMI = the clustering against the "
+                  "planted groups, mean over all rounds / over the rounds whose participants span ≥ 2 "
+                  "groups (a single-group round scores 0 by construction)."]
     return "\n".join(lines) + "\n"
+
+
+FAIRNESS_COLUMNS = [("sigma_acc_global", "σ_acc(g)"), ("sigma_acc_std", "σ_acc(s)"),
+                    ("sigma_acc_global_cma", "σ_acc(g) CMA"), ("cd_mean", "CD"),
+                    ("nmi_mean", "NMI"), ("nmi_mixed_mean", "NMI (≥2 groups)")]
+UNSCALED = ("final_train_loss", "cd_mean", "nmi_mean", "nmi_mixed_mean")
+
+
+def history_means(history: list[dict[str, float]]) -> dict[str, float]:
+    """Means over rounds of the per-round fairness metrics a run recorded (absent ones left out):
+    σ_acc (global reading) and CD over the participants (eq. 9), and the clustering NMI of a
+    clustering method, over all rounds and over the rounds whose participants span >= 2 groups."""
+    out = {}
+    for key, col in (("sigma_acc_global_cma", "test_sigma_acc_global"), ("cd_mean", "test_cd"),
+                     ("nmi_mean", "cluster_nmi")):
+        v = [h[col] for h in history if col in h and np.isfinite(h[col])]
+        if v:
+            out[key] = float(np.mean(v))
+    mixed = [h["cluster_nmi"] for h in history if h.get("groups_present", 0) >= 2]
+    if mixed:
+        out["nmi_mixed_mean"] = float(np.mean(mixed))
+    return out
+
+
+def plot_fairness_curves(histories: dict[str, list[list[dict[str, float]]]], title: str):
+    """σ_acc (global reading) of the global model per round, and the clustering NMI per round
+    (methods that cluster), each the mean over the seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+
+    def mean_curve(runs, col):
+        pts: dict[float, list[float]] = {}
+        for hist in runs:
+            for h in hist:
+                if col in h and np.isfinite(h[col]):
+                    pts.setdefault(h["round"], []).append(h[col])
+        r = sorted(pts)
+        return r, [float(np.mean(pts[x])) for x in r]
+
+    for algo, runs in histories.items():
+        r, v = mean_curve(runs, "test_sigma_acc_global")
+        if r:
+            axes[0].plot(r, v, label=algo)
+        r, v = mean_curve(runs, "cluster_nmi")
+        if r:
+            axes[1].plot(r, v, marker=".", label=algo)
+    axes[0].set_xlabel("round")
+    axes[0].set_ylabel("σ_acc (global reading)")
+    axes[0].legend(fontsize=7)
+    axes[1].set_xlabel("round")
+    axes[1].set_ylabel("clustering NMI vs planted groups")
+    axes[1].set_ylim(-0.05, 1.05)
+    if axes[1].lines:
+        axes[1].legend(fontsize=7)
+    fig.suptitle(title)
+    return fig
 
 
 def plot_curves(histories: dict[str, list[dict[str, float]]], title: str):
@@ -155,7 +225,9 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
     history = read_history(run / "history.csv")
     m = {"test_accuracy": glob["accuracy"], "test_accuracy_last5": last_rounds_accuracy(history),
          "test_loss": glob["loss"],
-         **client_accuracy_summary(generic), "final_train_loss": history[-1]["train_loss"]}
+         **client_accuracy_summary(generic), "final_train_loss": history[-1]["train_loss"],
+         "sigma_acc_global": sigma_acc(generic, glob["accuracy"]),
+         "sigma_acc_std": sigma_acc(generic, reading="std"), **history_means(history)}
     personal = load_personal(run, weights)
     own = None
     if personal:
@@ -205,6 +277,7 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     seeds: dict[str, dict[int, dict[str, float]]] = {}
     per_client: dict[str, np.ndarray] = {}
     histories: dict[str, list[dict[str, float]]] = {}
+    all_histories: dict[str, list[list[dict[str, float]]]] = {}
     rows = []
     for cfg in cfgs:
         run = run_dir(fed, cfg.algorithm, cfg.seed)
@@ -214,6 +287,7 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
         per_client[cfg.algorithm] = np.concatenate([per_client.get(cfg.algorithm, np.empty(0)),
                                                     shown])
         histories.setdefault(cfg.algorithm, read_history(run / "history.csv"))
+        all_histories.setdefault(cfg.algorithm, []).append(read_history(run / "history.csv"))
         rows += [[cfg.algorithm, cfg.seed, i, float(a), "" if own is None else float(own[i])]
                  for i, a in enumerate(generic)]
         log.info("%s seed %d: global %.4f, clients %.4f +- %.4f%s", cfg.algorithm, cfg.seed,
@@ -230,5 +304,6 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     write_text(out / "comparison.md", table)
     save_figure(out / "learning_curves.png", plot_curves(histories, title))
     save_figure(out / "client_accuracy.png", plot_client_accuracy(per_client, title))
+    save_figure(out / "fairness_curves.png", plot_fairness_curves(all_histories, title))
     return EvaluateOutputs(metrics, table, [out / "learning_curves.png", out / "client_accuracy.png",
-                                            out / "comparison.md"])
+                                            out / "fairness_curves.png", out / "comparison.md"])

@@ -21,7 +21,7 @@ from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, run_federated
 from fedpipe.fl.state import Weights
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_csv, write_json
-from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss
+from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss, sigma_acc
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
     PARTITION_PATH,
@@ -150,6 +150,8 @@ def client_evaluator(task: ClassificationTask, model_of: Callable[[Weights], tor
                                "client_std": float(np.nanstd(generic)),
                                "client_disagreement": client_disagreement(finite)
                                if len(finite) > 1 else float("nan"),
+                               "sigma_acc_global": sigma_acc(generic, res["accuracy"]),
+                               "sigma_acc_std": sigma_acc(generic, reading="std"),
                                "generic_accuracy": generic.tolist(), "generic_loss": losses.tolist()}
         if personal is not None:
             models = [model_of(personal[c]) if c in personal else None
@@ -160,6 +162,22 @@ def client_evaluator(task: ClassificationTask, model_of: Callable[[Weights], tor
         return out
 
     return evaluate
+
+
+def participant_disagreement(history: list[dict[str, float]], client_history: list[dict]
+                             ) -> None:
+    """Add Equitable-FL's CD (eq. 9) over each evaluated round's participants to ``history``
+    (``test_cd``: as printed; ``test_cd_pairs``: the unordered-pair mean), from the per-client rows
+    (``generic_loss`` of the freshly aggregated model, ``participant`` flags from the engine)."""
+    by_round: dict[float, list[float]] = {}
+    for row in client_history:
+        if row.get("participant") == 1.0 and np.isfinite(row.get("generic_loss", np.nan)):
+            by_round.setdefault(float(row["round"]), []).append(float(row["generic_loss"]))
+    for rec in history:
+        losses = by_round.get(rec["round"])
+        if losses is not None and len(losses) > 1:
+            rec["test_cd"] = client_disagreement(np.array(losses))
+            rec["test_cd_pairs"] = client_disagreement(np.array(losses), normalization="pairs")
 
 
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
@@ -180,6 +198,11 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     strategy = ALGORITHMS[cfg.algorithm](
         task, lambda: make_model(cfg, ds), cfg.fl.local, cfg.algo_cfg,
         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
+    if "groups" in part.meta:  # the planted groups (label_blocks): oracle groups, clustering NMI
+        strategy.client_groups = tuple(int(g) for g in part.meta["groups"])
+    elif getattr(strategy, "needs_client_groups", False):
+        raise ConfigError("partition.scheme", part.meta["scheme"],
+                          f"label_blocks ({cfg.algorithm} needs each client's planted group)")
     inputs = {str(partition_path): md5_file(partition_path)}
     server_data = None
     kind = strategy.server_data_kind(cfg.algo_cfg)
@@ -198,6 +221,7 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
                            fingerprint=fingerprint_of(cfg.params_read, *inputs),
                            stop_after=stop_after, server_data=server_data, on_round=on_round,
                            progress=progress)
+    participant_disagreement(result.history, result.client_history)
     save_run(out, result, {"algorithm": cfg.algorithm, "model": cfg.model.name})
     evals = [h for h in result.history if "test_accuracy" in h]
     last_eval = evals[-1]
