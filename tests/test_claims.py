@@ -10,6 +10,7 @@ import pytest
 from fedpipe.claims import (
     MIN_SEEDS,
     Claim,
+    absent_papers,
     all_claims,
     claims_json,
     claims_metrics,
@@ -118,6 +119,15 @@ def test_missing_arm_or_metric_is_not_evaluated():
     # the arm runs, but has no value of the metric (judge_all reads the track's per-seed metrics)
     tracks = {"classification": {"m": {0: {"test_accuracy": 0.9}}, "b": {0: {"loss": 1.0}}}}
     assert judge_all([HIGHER], tracks)[0].status == "not evaluated"
+
+
+def test_a_paper_with_no_arm_in_the_study_is_listed_once():
+    other = Claim("Other (Y 2021)", "o acc > b acc", "classification", "test_accuracy", "o", "b2",
+                  "higher")
+    results = [judge(LOWER, {"m": seeds(1, 2, 3)}), judge(other, {})]
+    # Paper has one arm in the study (its claim stays a row); Other has none (one line)
+    assert absent_papers(results) == {"Other (Y 2021)": 1}
+    assert absent_papers(claims_json(results)) == {"Other (Y 2021)": 1}
 
 
 def test_non_finite_value_is_not_judged():

@@ -207,6 +207,17 @@ def paper_claims(study: StudyConfig) -> dict[str, list[Claim]]:
     return {module.PAPER: module.claims(study) for module in (fedddpm, baselines, fedptr, equitable)}
 
 
+def absent_papers(records: Iterable[Any]) -> dict[str, int]:
+    """{paper: number of claims} of the papers none of whose claims this study evaluates (every
+    arm missing): tables list them in one line instead of one "not evaluated" row per claim.
+    ``records`` are :class:`ClaimResult` objects or the dicts of :func:`claims_json`."""
+    by_paper: dict[str, list[str]] = {}
+    for r in records:
+        paper = r["paper"] if isinstance(r, dict) else r.claim.paper
+        by_paper.setdefault(paper, []).append(r["status"] if isinstance(r, dict) else r.status)
+    return {p: len(st) for p, st in by_paper.items() if all(s == "not evaluated" for s in st)}
+
+
 def all_claims(study: StudyConfig) -> list[Claim]:
     return [c for claims in paper_claims(study).values() for c in claims]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from fedpipe.claims import absent_papers
 from fedpipe.io import read_json
 
 
@@ -27,8 +28,12 @@ def main(paths: list[str]) -> int:
         doc = read_json(path)
         s = doc["summary"]
         print(f"{path}: {s['held']} of {s['claims']} claims held")
+        absent = absent_papers(doc["claims"])
         for record in doc["claims"]:
-            print(describe(record))
+            if record["paper"] not in absent:
+                print(describe(record))
+        if absent:
+            print("  not in this study: " + "; ".join(f"{p} ({n} claims)" for p, n in absent.items()))
     return 0
 
 

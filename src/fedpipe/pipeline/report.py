@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from fedpipe.claims import RULE, ClaimResult, all_claims, claims_metrics, judge_all, summary
+from fedpipe.claims import RULE, ClaimResult, absent_papers, all_claims, claims_metrics, judge_all, summary
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import read_json, save_figure, write_json, write_text
 from fedpipe.pipeline.skip import write_placeholder
@@ -209,8 +209,11 @@ def claims_table(results: list[ClaimResult]) -> list[str]:
              f"{counts['not_judged']} not judged, {counts['not_evaluated']} not evaluated.", "",
              "| paper | claim | source | method, per seed | baseline, per seed | mean diff ± SE | "
              "verdict |", "|---|---|---|---|---|---|---|"]
+    absent = absent_papers(results)
     for r in results:
         c = r.claim
+        if c.paper in absent:
+            continue
         if r.mean_diff is None:
             diff = "—"
         else:
@@ -220,6 +223,9 @@ def claims_table(results: list[ClaimResult]) -> list[str]:
                 diff += f"; tolerance {r.threshold:.4g}"
         lines.append(f"| {c.paper} | {c.text} | {c.source} | {_per_seed(c.method, r.method_values)}"
                      f" | {_per_seed(c.baseline, r.baseline_values)} | {diff} | {_verdict(r)} |")
+    if absent:
+        lines += ["", "Not in this study (no arm of theirs ran): " +
+                  "; ".join(f"{p} ({n} claims)" for p, n in absent.items()) + "."]
     return lines
 
 
