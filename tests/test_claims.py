@@ -121,11 +121,11 @@ def test_missing_arm_or_metric_is_not_evaluated():
     assert judge_all([HIGHER], tracks)[0].status == "not evaluated"
 
 
-def test_a_paper_with_no_arm_in_the_study_is_listed_once():
+def test_a_paper_with_no_claim_evaluated_is_listed_once():
     other = Claim("Other (Y 2021)", "o acc > b acc", "classification", "test_accuracy", "o", "b2",
                   "higher")
-    results = [judge(LOWER, {"m": seeds(1, 2, 3)}), judge(other, {})]
-    # Paper has one arm in the study (its claim stays a row); Other has none (one line)
+    results = [judge(LOWER, {"m": seeds(1, 2, 3), "b": seeds(2, 3, 4)}), judge(other, {"b": seeds(1)})]
+    # Paper's claim is judged (it stays a row); none of Other's is evaluated (one line)
     assert absent_papers(results) == {"Other (Y 2021)": 1}
     assert absent_papers(claims_json(results)) == {"Other (Y 2021)": 1}
 
