@@ -16,8 +16,14 @@ the smallest count whose std is well below (say a fifth of) the smallest gap the
 the models, not the sampler. The mean falls as n grows (FID is biased upward at small n), which
 matters less because every arm uses the same n, but compare only FIDs of equal n.
 
-    python benchmarks/fid_noise.py [--model PATH] [--samples 100,200] [--k 5] [--seed 0]
-                                   [--out data/benchmarks/fid_noise.json] [--threads 0]
+    python benchmarks/fid_noise.py [--model PATH] [--against PATH] [--samples 100,200] [--k 5]
+                                   [--seed 0] [--out data/benchmarks/fid_noise.json] [--threads 0]
+
+``--against PATH`` (a second model, e.g. FedDDPM's of the same seed) also draws from it with the SAME
+generators, as the pipeline does (the final FID of every algorithm of one training seed uses the
+stream ``(seed, "fid-final")``): common random numbers. It prints the std of the paired difference
+FID(model) - FID(against) over the k sampling seeds, which is the sampling noise a paired claim sees;
+it is smaller than either FID's own std when the two models turn the same noise into similar images.
 
 The defaults (5 x 200 images with 500 DDPM steps) are a quick look that runs in minutes on a CPU
 (200 images took 260 s on a 2-core CPU shared with other jobs); to choose ``fid.num_samples`` run
@@ -52,6 +58,7 @@ DEFAULT_MODEL = Path("data/federate_ddpm/fedavg/seed_0/model.safetensors")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--against", type=Path, default=None, help="a second model, same generators")
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--fid-dir", type=Path, default=FID_DIR)
     ap.add_argument("--samples", default="100,200", help="comma-separated sample counts")
@@ -73,25 +80,30 @@ def main() -> None:
     ds = load_dataset(cfg.dataset)
     device = resolve_device(cfg.diffusion.device)
     task = make_task(cfg.diffusion)
-    model = make_unet(cfg.diffusion, ds.meta, cfg.seed, "ddpm-global-init")
-    model.load_state_dict(load_tensors(args.model))
-    model.to(device).eval()
+    def load(path: Path) -> torch.nn.Module:
+        m = make_unet(cfg.diffusion, ds.meta, cfg.seed, "ddpm-global-init")
+        m.load_state_dict(load_tensors(path))
+        return m.to(device).eval()
+
+    models = [load(args.model)] + ([load(args.against)] if args.against else [])
     tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, args.fid_dir)
     class_counts = np.bincount(ds.train.y.numpy(), minlength=ds.meta.num_classes)
 
-    fids: dict[int, list[float]] = {n: [] for n in counts}
+    fids: list[dict[int, list[float]]] = [{n: [] for n in counts} for _ in models]
     t0 = time.perf_counter()
     for i in range(args.k):
-        if cfg.diffusion.conditional:  # labels come sorted by class: a prefix is not a sample
-            draws = {n: sample_images(task, model, n, cfg, class_counts,
-                                      torch_generator(args.seed, "fid-noise", i, n, device=device))
-                     for n in counts}
-        else:
-            x = sample_images(task, model, counts[-1], cfg, class_counts,
-                              torch_generator(args.seed, "fid-noise", i, device=device))
-            draws = {n: x[:n] for n in counts}
-        for n in counts:
-            fids[n].append(tools.fid.score(draws[n], tools.reference, batch_size=cfg.fid.batch_size))
+        for m, model in enumerate(models):  # the same generators for both: common random numbers
+            if cfg.diffusion.conditional:  # labels come sorted by class: a prefix is not a sample
+                draws = {n: sample_images(task, model, n, cfg, class_counts,
+                                          torch_generator(args.seed, "fid-noise", i, n, device=device))
+                         for n in counts}
+            else:
+                x = sample_images(task, model, counts[-1], cfg, class_counts,
+                                  torch_generator(args.seed, "fid-noise", i, device=device))
+                draws = {n: x[:n] for n in counts}
+            for n in counts:
+                fids[m][n].append(tools.fid.score(draws[n], tools.reference,
+                                                  batch_size=cfg.fid.batch_size))
     seconds = time.perf_counter() - t0
 
     recorded = args.model.parent / "metrics.json"
@@ -102,12 +114,23 @@ def main() -> None:
     print(f"{'samples':>8} {'mean':>9} {'std':>8} {'std/mean':>9}  FIDs")
     per_count = {}
     for n in counts:
-        a = np.asarray(fids[n])
+        a = np.asarray(fids[0][n])
         mean, std = float(a.mean()), float(a.std(ddof=1))
-        per_count[str(n)] = {"fids": fids[n], "mean": mean, "std": std}
+        per_count[str(n)] = {"fids": fids[0][n], "mean": mean, "std": std}
         print(f"{n:>8} {mean:>9.3f} {std:>8.3f} {std / mean:>9.2%}  "
-              + " ".join(f"{f:.2f}" for f in fids[n]))
-    write_json(args.out, {"model": str(args.model), "extractor": tools.fid.name,
+              + " ".join(f"{f:.2f}" for f in fids[0][n]))
+    if args.against:
+        print(f"paired with {args.against} (same generators): FID(model) - FID(against)")
+        print(f"{'samples':>8} {'std(b)':>8} {'diff':>9} {'std':>8}  differences")
+        for n in counts:
+            b, d = np.asarray(fids[1][n]), np.asarray(fids[0][n]) - np.asarray(fids[1][n])
+            per_count[str(n)]["against"] = {"fids": fids[1][n], "std": float(b.std(ddof=1)),
+                                            "diff_mean": float(d.mean()),
+                                            "diff_std": float(d.std(ddof=1))}
+            print(f"{n:>8} {b.std(ddof=1):>8.3f} {d.mean():>+9.3f} {d.std(ddof=1):>8.3f}  "
+                  + " ".join(f"{v:+.2f}" for v in d))
+    write_json(args.out, {"model": str(args.model), "against": str(args.against or ""),
+                          "extractor": tools.fid.name,
                           "sampler": cfg.fid.sampler, "device": str(device), "k": args.k,
                           "seed": args.seed, "seconds": seconds, "counts": per_count,
                           "run_fid": run.get("fid"), "run_fid_samples": run.get("fid_samples"),
