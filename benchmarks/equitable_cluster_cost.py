@@ -24,7 +24,7 @@ from fedpipe.algorithms.equitable_fl import activation_vector, equitable_weights
 from fedpipe.config import dataset_config, partition_config
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import client_data, load_dataset, make_partition
-from fedpipe.fl import Payload, RoundInfo, ServerState
+from fedpipe.fl import Payload, RoundInfo
 from fedpipe.models import build_model
 from fedpipe.rng import numpy_rng, torch_generator
 from fedpipe.tasks import ClassificationTask
