@@ -197,9 +197,9 @@ def judge_all(claims: Iterable[Claim],
 
 def paper_claims(study: StudyConfig) -> dict[str, list[Claim]]:
     """The registry: each paper's claims for ``study``. A later paper adds its module here."""
-    from fedpipe.claims import baselines, fedddpm, fedptr
+    from fedpipe.claims import baselines, fedddpm, fednh, fedptr
 
-    return {module.PAPER: module.claims(study) for module in (fedddpm, baselines, fedptr)}
+    return {module.PAPER: module.claims(study) for module in (fedddpm, baselines, fedptr, fednh)}
 
 
 def all_claims(study: StudyConfig) -> list[Claim]:
