@@ -9,6 +9,11 @@ extra cost; the rest of the difference is the prototype head's forward/backward 
 which matters only on very small models.
 
     python benchmarks/fednh_cost.py [--rounds 5] [--repeats 3] [--clients 20] [--epochs 5]
+
+Measured on the shared 2-core CPU, heavily loaded, niced, one thread (--rounds 3 --repeats 2; digits,
+20 clients, Dir(0.3), participation 0.5, 5 local epochs): smoke width FedAvg 0.289, FedNH 0.356
+CPU s/round (x1.23), prototype step 5.7% of FedNH's round; paper width FedAvg 0.832, FedNH 0.886
+(x1.065), prototype step 6.2%.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ def test_fednh_claims_judged_on_hand_values():
     assert gap.status == "held" and gap.mean_diff == pytest.approx(0.52)
     assert res["fednh/pm_v_mean/local-lt-fedavg"].status == "held"
     assert "fednh/pm_v_mean/local-lt-fedproto" not in res  # the paper has FedProto below Local
+    assert "fednh/pm_v_mean/local-lt-fedrep" not in res  # and FedRep, on CIFAR-100 Dir(0.3)
 
 
 def test_report_section_prints_the_paper_columns_beside_ours():
