@@ -14,12 +14,16 @@ from fedpipe.algorithms.creff import CReFF
 from fedpipe.algorithms.ditto import Ditto
 from fedpipe.algorithms.equitable_fl import EquitableFL
 from fedpipe.algorithms.fairfed import FairFed
+from fedpipe.algorithms.fedavg import FedAvg
 from fedpipe.algorithms.fedavg_ft import FedAvgFT
+from fedpipe.algorithms.fedbabu import FedBABU
 from fedpipe.algorithms.fedbn import FedBN
 from fedpipe.algorithms.feddc import FedDC
 from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
 from fedpipe.algorithms.feddyn import FedDyn
+from fedpipe.algorithms.fednh import FedNH
 from fedpipe.algorithms.fedper import FedPer
+from fedpipe.algorithms.fedproto import FedProto
 from fedpipe.algorithms.fedprox import FedProx
 from fedpipe.algorithms.fedptr import FedPTR, FedPTRS, FedPTRSOnce
 from fedpipe.algorithms.fedrep import FedRep
@@ -36,7 +40,7 @@ from fedpipe.config import ConfigError, build
 from fedpipe.fl import Strategy
 
 ALGORITHMS: dict[str, type[Strategy]] = {
-    "fedavg": Strategy,
+    "fedavg": FedAvg,  # the base Strategy, with FedNH's latest-local-model PM as an option
     "fedprox": FedProx,
     "scaffold": Scaffold,
     "feddyn": FedDyn,
@@ -66,6 +70,9 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "pow_d": PowD,
     "gifair": GIFAIR,
     "fairfed": FairFed,
+    "fednh": FedNH,
+    "fedbabu": FedBABU,
+    "fedproto": FedProto,
 }
 
 

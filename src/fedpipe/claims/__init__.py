@@ -202,9 +202,10 @@ def judge_all(claims: Iterable[Claim],
 
 def paper_claims(study: StudyConfig) -> dict[str, list[Claim]]:
     """The registry: each paper's claims for ``study``. A later paper adds its module here."""
-    from fedpipe.claims import baselines, equitable, fedddpm, fedptr
+    from fedpipe.claims import baselines, equitable, fedddpm, fednh, fedptr
 
-    return {module.PAPER: module.claims(study) for module in (fedddpm, baselines, fedptr, equitable)}
+    return {module.PAPER: module.claims(study)
+            for module in (fedddpm, baselines, fedptr, equitable, fednh)}
 
 
 def absent_papers(records: Iterable[Any]) -> dict[str, int]:

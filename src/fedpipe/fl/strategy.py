@@ -150,6 +150,14 @@ class Strategy:
         ``none`` for a method without one)."""
         return getattr(cfg, "server_data", "none")
 
+    @classmethod
+    def adapt_model(cls, model: nn.Module, cfg: Any) -> nn.Module:
+        """The network this method trains, made from the study's model (config ``cfg``): the model
+        itself by default; FedNH swaps the head for prototypes, FedProto adds a distance head. The
+        pipeline applies it to every model it builds for the method (training and evaluation),
+        inside the seeded model-init RNG."""
+        return model
+
     def personal_keys(self, model: nn.Module) -> set[str]:
         """The state-dict names that are personal (kept per client, never averaged)."""
         return module_keys(model, self.personal_modules)

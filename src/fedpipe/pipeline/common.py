@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fedpipe.algorithms import algorithm_config, check_algorithms
+from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
@@ -84,15 +84,17 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
 
 
 def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:
-    """The model of ``cfg`` with weights drawn from the stream (seed, "model-init").
+    """The model of ``cfg`` with weights drawn from the stream (seed, "model-init"), as the
+    algorithm trains it (``Strategy.adapt_model``: FedNH's prototype head, say).
 
     torch's initialisers draw from the global RNG; ``fork_rng`` confines the seeding to this call
     and restores the global state after it.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(cfg.seed, "model-init"))
-        return build_model(cfg.model.name, ds.meta.shape, ds.meta.num_classes,
-                           mean=ds.meta.mean, std=ds.meta.std, **cfg.model.kwargs)
+        model = build_model(cfg.model.name, ds.meta.shape, ds.meta.num_classes,
+                            mean=ds.meta.mean, std=ds.meta.std, **cfg.model.kwargs)
+        return ALGORITHMS[cfg.algorithm].adapt_model(model, cfg.algo_cfg)
 
 
 def fingerprint(cfg: TrainConfig, partition_path: str | Path = PARTITION_PATH) -> str:

@@ -242,6 +242,7 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
         for mode in ("V", "L"):
             pm = pm_accuracy(models, ds.test.x, ds.test.y, train_counts, mode, task)
             m[f"pm_{mode.lower()}_mean"] = float(np.nanmean(pm))
+            m[f"pm_{mode.lower()}_client_std"] = float(np.nanstd(pm))  # across clients (FedNH Table 2)
     return m, generic, own
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from fedpipe.claims import RULE, ClaimResult, absent_papers, all_claims, claims_metrics, judge_all, summary
+from fedpipe.claims import fednh as fednh_claims
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import read_json, save_figure, write_json, write_text
 from fedpipe.pipeline.skip import write_placeholder
@@ -266,8 +267,9 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     else:  # a DVC output of the stage: say why it is empty
         write_placeholder(out / "fid_curves.png", "no diffusion-track method in this study")
     cls, cls_seeds = read_classification(evaluate_dir)
-    tracks["classification"] = cls_seeds
+    tracks["classification"] = fednh_claims.with_pm_arms(cls_seeds)  # GM-vs-own-PM claims
     lines += classification_table(cls) + [""]
+    lines += fednh_claims.report_section(study, cls)  # Table 1/2 beside ours (FedNH studies)
     results = judge_all(all_claims(study), tracks)
     lines += claims_table(results) + [""]
     text = "\n".join(lines)

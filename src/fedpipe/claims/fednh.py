@@ -1,0 +1,196 @@
+"""FedNH's headline claims (Dai et al., "Tackling Data Heterogeneity in Federated Learning with Class
+Prototypes", AAAI 2023; spec 004 §6-§7) on the classification track, and the report section that
+prints our GM / PM(V) / PM(L) / across-client std beside the paper's Tables 1 and 2.
+
+Metrics (the evaluate stage): GM = ``test_accuracy`` (the global model on the balanced test set),
+PM(V) = ``pm_v_mean``, PM(L) = ``pm_l_mean`` (each client's own model on that test set, classes
+weighted equally over the classes it owns / by its label distribution; mean over clients), and
+``pm_l_client_std`` (the standard deviation of PM(L) across clients, Table 2). Unlike the official
+code, which averages PM over the clients of the last round, every client is evaluated.
+
+Claims, as the paper states them (encoded only in studies that run ``fednh``):
+
+1. FedNH's GM is higher than FedAvg's (Table 1: all six CIFAR columns, e.g. CIFAR-10 Dir(0.3)
+   69.01 vs 66.40, CIFAR-100 Dir(0.3) 41.34 vs 35.14).
+2. FedNH's PM(V) and PM(L) are higher than FedAvg's (Table 1: all six CIFAR columns; PM(L)
+   CIFAR-10 Dir(0.3) 84.63 vs 84.08, the smallest margin).
+3. Methods that do not share the head (FedPer, FedRep, FedBABU) have a GM far below their PM: the
+   global model is evaluated with the head initialised at the start (§4.1), e.g. FedRep CIFAR-100
+   Dir(0.3) GM 5.42 vs PM(L) 29.45. Checked as GM < PM(L), which holds in every column of Table 1
+   for the three (against PM(V) it does not: FedPer CIFAR-10 GM 61.58 > PM(V) 59.66). The PM(L)
+   arm is the algorithm's name with ``_pm_l`` appended (:func:`with_pm_arms`).
+4. Local has the lowest PM(V): claimed against each method that is above Local in all four CIFAR
+   PM(V) columns of Table 1 (:data:`LOCAL_BELOW`, computed from the table: FedAvg, FedPer, Ditto,
+   CReFF, FedBABU, FedROD, FedNH). Not against FedRep (CIFAR-100 Dir(0.3): FedRep 13.59 < Local
+   13.63) nor FedProto (below Local in 3 of the 4 columns, CIFAR-10 Dir(0.3) 41.48 vs 42.79).
+
+Not encoded: the across-client std of PM(L) ("FedNH improves all clients more equally", Table 2)
+does not hold in the paper's own CIFAR-100 column (FedBABU 3.89 < FedNH 3.91) and is printed, not
+judged; the semantic structure of the prototypes (Fig. 3) and the rho sweep (Fig. 4) need runs this
+track does not make.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fedpipe.claims import Claim
+
+if TYPE_CHECKING:
+    from fedpipe.config.fl import StudyConfig
+
+PAPER = "FedNH (Dai et al. 2023)"
+NAMES = {"fedavg": "FedAvg", "local": "Local", "fedper": "FedPer", "ditto": "Ditto",
+         "fedrep": "FedRep", "fedproto": "FedProto", "creff": "CReFF", "fedbabu": "FedBABU",
+         "fedrod": "FedROD", "fednh": "FedNH"}
+NO_GM = ("local", "fedproto")  # Table 1: "—" (no global model)
+HEAD_NOT_SHARED = ("fedper", "fedrep", "fedbabu")
+PM_SUFFIX = "_pm_l"
+
+# Table 1 (100 clients, participation 0.1, 200 rounds; mean of 3 runs):
+# GM, PM(V), PM(L) at Dir(0.3), then at Dir(1.0); None = "—"
+TABLE1: dict[str, dict[str, tuple[float | None, ...]]] = {
+    "cifar10": {
+        "local": (None, 42.79, 71.57, None, 41.20, 58.34),
+        "fedavg": (66.40, 63.10, 84.08, 73.07, 68.07, 79.12),
+        "fedper": (61.58, 59.66, 82.38, 63.33, 60.66, 73.40),
+        "ditto": (66.40, 53.69, 80.08, 73.07, 61.22, 74.78),
+        "fedrep": (40.13, 56.47, 80.22, 47.92, 55.06, 68.99),
+        "fedproto": (None, 41.48, 68.35, None, 39.65, 53.23),
+        "creff": (66.46, 63.10, 84.08, 71.63, 68.07, 79.12),
+        "fedbabu": (62.78, 60.58, 82.64, 70.34, 65.49, 77.35),
+        "fedrod": (72.31, 65.66, 83.44, 75.50, 69.18, 77.84),
+        "fednh": (69.01, 65.02, 84.63, 75.34, 69.64, 79.53),
+    },
+    "cifar100": {
+        "local": (None, 13.63, 30.89, None, 9.44, 16.71),
+        "fedavg": (35.14, 31.85, 50.77, 36.07, 28.86, 38.35),
+        "fedper": (15.04, 16.15, 33.10, 14.69, 11.61, 19.08),
+        "ditto": (35.14, 26.19, 45.91, 36.07, 22.92, 32.81),
+        "fedrep": (5.42, 13.59, 29.45, 6.37, 9.47, 16.07),
+        "fedproto": (None, 10.64, 19.11, None, 9.24, 12.61),
+        "creff": (22.90, 31.85, 50.77, 22.21, 28.86, 38.35),
+        "fedbabu": (32.41, 28.96, 47.86, 32.34, 25.84, 34.85),
+        "fedrod": (33.83, 28.53, 42.93, 35.20, 27.58, 33.44),
+        "fednh": (41.34, 38.25, 55.21, 43.19, 36.88, 45.46),
+    },
+}
+# Table 2: PM(L) at Dir(0.3) ± its standard deviation across clients
+TABLE2: dict[str, dict[str, tuple[float, float]]] = {
+    "cifar10": {"local": (71.57, 10.13), "fedavg": (84.08, 6.80), "fedper": (82.38, 6.38),
+                "ditto": (80.08, 7.83), "fedrep": (80.22, 7.06), "fedproto": (68.35, 11.03),
+                "fedbabu": (82.64, 6.11), "fedrod": (83.44, 5.89), "fednh": (84.63, 5.61)},
+    "cifar100": {"local": (30.89, 4.60), "fedavg": (50.77, 4.23), "fedper": (33.10, 4.26),
+                 "ditto": (45.91, 4.10), "fedrep": (29.45, 4.19), "fedproto": (19.11, 4.17),
+                 "fedbabu": (47.86, 3.89), "fedrod": (42.93, 4.10), "fednh": (55.21, 3.91)},
+}
+
+
+PM_V_COLUMNS = (1, 4)
+LOCAL_BELOW = tuple(m for m in TABLE1["cifar10"] if m != "local" and all(
+    TABLE1[ds]["local"][c] < TABLE1[ds][m][c] for ds in TABLE1 for c in PM_V_COLUMNS))
+"""Methods whose PM(V) is above Local's in every CIFAR column of Table 1."""
+
+
+def _cols(method: str, baseline: str, col: int) -> str:
+    """The paper's numbers of ``method`` and ``baseline`` in Table 1 column ``col`` (both datasets)."""
+    parts = []
+    for ds in TABLE1:
+        m, b = TABLE1[ds][method][col], TABLE1[ds][baseline][col]
+        parts.append(f"{ds} {m:.2f} vs {b:.2f}")
+    return ", ".join(parts)
+
+
+def claims(study: StudyConfig) -> list[Claim]:
+    """FedNH's claims for a study that runs FedNH (none otherwise)."""
+    algos = set(study.algorithms)
+    if "fednh" not in algos:
+        return []
+    source = f"Table 1, all six CIFAR columns; Dir(0.3): {_cols('fednh', 'fedavg', 0)}"
+    out = [Claim(PAPER, "FedNH GM > FedAvg GM", "classification", "test_accuracy", "fednh",
+                 "fedavg", "higher", source)]
+    for metric, name, col in (("pm_v_mean", "PM(V)", 1), ("pm_l_mean", "PM(L)", 2)):
+        out.append(Claim(PAPER, f"FedNH {name} > FedAvg {name}", "classification", metric, "fednh",
+                         "fedavg", "higher",
+                         f"Table 1, all six CIFAR columns; Dir(0.3): {_cols('fednh', 'fedavg', col)}"))
+    for m in HEAD_NOT_SHARED:
+        if m not in algos:
+            continue
+        nums = ", ".join(f"{ds} {TABLE1[ds][m][0]:.2f} vs {TABLE1[ds][m][2]:.2f}" for ds in TABLE1)
+        out.append(Claim(PAPER, f"{NAMES[m]} GM (initial head) < {NAMES[m]} PM(L)", "classification",
+                         "test_accuracy", m, m + PM_SUFFIX, "lower",
+                         f"§4.1-4.2, Table 1 (every column); Dir(0.3) GM vs PM(L): {nums}"))
+    if "local" in algos:
+        for m in LOCAL_BELOW:
+            if m in algos:
+                out.append(Claim(PAPER, f"Local PM(V) < {NAMES[m]} PM(V)", "classification",
+                                 "pm_v_mean", "local", m, "lower",
+                                 f"Table 1, every column; Dir(0.3): {_cols('local', m, 1)}"))
+    return out
+
+
+def with_pm_arms(per_seed: Mapping[str, Mapping[str, Mapping[str, float]]]
+                 ) -> dict[str, Any]:
+    """``per_seed`` ({algorithm: {seed: metrics}}, the evaluate stage's seeds.json) with one more arm
+    per algorithm that has PM(L): ``<algorithm>_pm_l``, whose ``test_accuracy`` is that algorithm's
+    PM(L), so that claim 3 compares an algorithm's GM with its own PM(L)."""
+    out: dict[str, Any] = dict(per_seed)
+    for algo, seeds in per_seed.items():
+        pm = {s: {"test_accuracy": m["pm_l_mean"]} for s, m in seeds.items()
+              if m.get("pm_l_mean") is not None}
+        if pm and algo + PM_SUFFIX not in out:
+            out[algo + PM_SUFFIX] = pm
+    return out
+
+
+def _ours(m: Mapping[str, float], key: str) -> str:
+    if m.get(key) is None:
+        return "—"
+    std = m.get(f"{key}_std")
+    n = int(m.get("seeds", 1))
+    return f"{100 * m[key]:.2f}" + (f" ± {100 * std:.2f}" if std is not None and n > 1 else "")
+
+
+def _paper(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def paper_dataset(study: StudyConfig) -> str | None:
+    """The Table 1/2 dataset a study reproduces (``fednh_cifar10`` -> ``cifar10``), or None."""
+    name = study.name.removeprefix("fednh_")
+    return name if name in TABLE1 else None
+
+
+def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Markdown: GM, PM(V), PM(L) and the across-client std of PM(L) per algorithm (mean ± std over
+    seeds), beside Table 1's Dir(0.3) / Dir(1.0) columns and Table 2's std for the dataset the study
+    reproduces (paper numbers only for ``fednh_cifar10`` / ``fednh_cifar100``). Empty for a study
+    without FedNH."""
+    if "fednh" not in study.algorithms:
+        return []
+    ds = paper_dataset(study)
+    lines = ["## FedNH protocol: GM, PM(V), PM(L), across-client std of PM(L) (%)", "",
+             "Ours: mean ± std over seeds (the std column: across clients, then mean ± std over "
+             "seeds). GM is the global model on the balanced test set; Local and FedProto have "
+             "none (—). "
+             + (f"Paper: Table 1 ({ds}, Dir(0.3) | Dir(1.0)) and Table 2 (PM(L) std across "
+                "clients, Dir(0.3)); compare with the column of this study's partition.alpha."
+                if ds else "No paper column: the paper does not run this dataset."), ""]
+    head = "| algorithm | GM | PM(V) | PM(L) | PM(L) std across clients |"
+    rule = "|---|---|---|---|---|"
+    if ds:
+        head += (" paper GM 0.3 | PM(V) 0.3 | PM(L) 0.3 | GM 1.0 | PM(V) 1.0 | PM(L) 1.0 | "
+                 "paper std (Table 2) |")
+        rule += "---|" * 7
+    lines += [head, rule]
+    for algo, m in metrics.items():
+        gm = "—" if algo in NO_GM else _ours(m, "test_accuracy")
+        row = (f"| {algo} | {gm} | {_ours(m, 'pm_v_mean')} | {_ours(m, 'pm_l_mean')} | "
+               f"{_ours(m, 'pm_l_client_std')} |")
+        if ds:
+            t1 = TABLE1[ds].get(algo, (None,) * 6)
+            t2 = TABLE2[ds].get(algo)
+            row += " " + " | ".join(_paper(v) for v in t1) + f" | {_paper(t2[1] if t2 else None)} |"
+        lines.append(row)
+    return lines + [""]
