@@ -58,7 +58,7 @@ def test_fednh_claims_judged_on_hand_values():
     per_seed = seeds(
         fedavg=[{"test_accuracy": 0.70, "pm_v_mean": 0.60, "pm_l_mean": 0.80}] * 3,
         fednh=[{"test_accuracy": a, "pm_v_mean": 0.65, "pm_l_mean": 0.79} for a in (0.75, 0.76, 0.78)],
-        fedrep=[{"test_accuracy": 0.2, "pm_v_mean": 0.5, "pm_l_mean": l} for l in (0.7, 0.72, 0.74)],
+        fedrep=[{"test_accuracy": 0.2, "pm_v_mean": 0.5, "pm_l_mean": pm} for pm in (0.7, 0.72, 0.74)],
         local=[{"test_accuracy": 0.1, "pm_v_mean": 0.3, "pm_l_mean": 0.6}] * 3)
     tracks = {"classification": fc.with_pm_arms(per_seed)}
     assert tracks["classification"]["fedrep_pm_l"]["1"] == {"test_accuracy": 0.72}
