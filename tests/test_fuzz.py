@@ -263,7 +263,7 @@ add("federate", "model.kwargs.norm", ["foo"], key="model.kwargs.norm")
 CASES.append(config_case("federate", "model.kwargs.norm", "foo",
                          base=layered(model={"name": "resnet18", "kwargs": {}})))
 CASES[-1].id += " (resnet18)"
-CASES.append(config_case("federate", "model.kwargs.groups", 0,
+CASES.append(config_case("federate", "model.kwargs.groups", 0, key="model.kwargs",
                          base=layered(model={"name": "resnet18", "kwargs": {"norm": "group"}})))
 add("federate", "model.kwargs.mean", [[0.5]])
 add("federate", "model.kwargs", [[1], "x"])
@@ -294,7 +294,7 @@ add("federate", "algorithms.scaffold.global_lr", [0, INF, NAN], algorithm="scaff
 add("federate", "algorithms.scaffold.control_variate", ["magic"], algorithm="scaffold")
 add("federate", "algorithms.feddyn.alpha", [INF, NAN], algorithm="feddyn")
 add("federate", "algorithms.mofedsam.rho", [INF, NAN], algorithm="mofedsam")
-add("federate", "algorithms.fedrep.head_epochs", [0, -1], algorithm="fedrep")
+add("federate", "algorithms.fedrep.head_epochs", [-1, 1.5], algorithm="fedrep")
 add("federate", "algorithms.fedavg_ft.ft_epochs", [-1], algorithm="fedavg_ft")
 add("federate", "algorithms.fedddpm.server_lr", [INF, 0], algorithm="fedddpm")
 add("federate", "algorithms.fedprox.muu", [0.1], algorithm="fedprox")
@@ -329,7 +329,9 @@ add("diffusion", "diffusion.unet_kwargs.norm_num_groups", [5, 0])
 add("diffusion", "diffusion.unet_kwargs.dropout", [INF])
 add("diffusion", "diffusion.unet_kwargs", [[1], None])
 add("diffusion", "diffusion.num_train_timesteps", [1, 0, -5, 2.5])
-add("diffusion", "diffusion.beta_start", [0, -1e-4, 0.5, INF, NAN])
+add("diffusion", "diffusion.beta_start", [0, -1e-4, INF, NAN])
+CASES.append(config_case("diffusion", "diffusion.beta_start", 0.5, key="diffusion.beta_end"))
+CASES[-1].expect += ("diffusion.beta_start = 0.5",)  # the pair is wrong: both are named
 add("diffusion", "diffusion.beta_end", [1.5, 1e-5, INF, NAN])
 add("diffusion", "diffusion.ema_decay", [1.5, 0, INF, NAN])
 add("diffusion", "diffusion.device", ["tpu"])
@@ -343,14 +345,13 @@ add("diffusion", "warmup.optimizer", ["lbfgs"])
 add("diffusion", "warmup", [[1]])
 add("diffusion", "generate.ratio", [0, 11, INF, NAN])
 add("diffusion", "generate.sampler", ["euler"])
-add("diffusion", "generate.ddim_steps", [0, 501])
-CASES.append(config_case("diffusion", "generate.ddim_steps", 10 ** 6,
-                         base=params_with("generate.sampler", "ddim")))
+add("diffusion", "generate.ddim_steps", [0])
+add("diffusion", "generate.ddim_steps", [501, 10 ** 6], base=params_with("generate.sampler", "ddim"))
 add("diffusion", "generate.batch_size", [0])
 add("diffusion", "fid.extractor", ["clip"])
 add("diffusion", "fid.num_samples", [1, 0])
 add("diffusion", "fid.classifier_lr", [INF, NAN, 0])
-add("diffusion", "fid.ddim_steps", [501])
+add("diffusion", "fid.ddim_steps", [501], base=params_with("fid.sampler", "ddim"))
 add("diffusion", "fid.classifier.kwargs.padding", [-3, "x"])
 add("diffusion", "fid.classifier.name", ["vgg"])
 add("diffusion", "fid.classifier", [None, "lenet"])
@@ -409,7 +410,8 @@ def _write_valid_inputs(tmp: Path) -> None:
     save_tensors(tmp / "generate" / "aux.safetensors", aux)
     save_tensors(tmp / "fid" / "classifier.safetensors", {"w": z},
                  {"fedpipe.fid_classifier": json.dumps({"model": "lenet"})})
-    save_tensors(tmp / "fid" / "reference.safetensors", {"w": z})
+    save_tensors(tmp / "fid" / "reference.safetensors", {"w": z},
+                 {"fedpipe.fid_reference": json.dumps({"extractor": "classifier:lenet"})})
     save_tensors(tmp / "server_data" / "aux.safetensors",
                  {"images": aux["images"], "labels": aux["labels"]})
 

@@ -10,14 +10,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
+import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -57,7 +62,20 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """Strict JSON: a non-finite float (which ``json`` would write as a bare ``NaN``, not JSON)
+    is written as ``null``."""
+    write_text(path, json.dumps(_finite_json(obj), indent=2, sort_keys=True, allow_nan=False)
+               + "\n")
+
+
+def _finite_json(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {k: _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_json(v) for v in obj]
+    return obj
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -134,3 +152,15 @@ def md5_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def set_aside(path: str | Path, problem: str, into: str | Path | None = None) -> Path:
+    """Rename a corrupt persisted file or folder out of the way (``<name>.corrupt-<time>``, in
+    ``into`` or beside it), with a log line, so that its stage starts that work afresh."""
+    path = Path(path)
+    where = Path(into) if into is not None else path.parent
+    where.mkdir(parents=True, exist_ok=True)
+    dest = where / f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    os.replace(path, dest)
+    log.warning("set aside %s (%s) as %s; starting that work afresh", path, problem, dest)
+    return dest

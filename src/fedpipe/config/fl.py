@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedpipe.config.core import ConfigError, build, check, one_of
+from fedpipe.config.core import ConfigError, build, check, check_finite_tree, one_of, section
 
 OPTIMIZERS = ("sgd", "adam")
 AGGREGATIONS = ("weighted", "uniform")
@@ -79,8 +79,11 @@ class FLConfig:
 
 
 def fl_config(data: dict[str, Any] | None, prefix: str = "fl") -> FLConfig:
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(prefix, data, "a mapping of round-loop settings with a local mapping")
     data = dict(data or {})
-    local = build(LocalTrainConfig, data.pop("local", None), f"{prefix}.local")
+    local = build(LocalTrainConfig, section(data, "local", prefix), f"{prefix}.local")
+    data.pop("local", None)
     cfg = build(FLConfig, data, prefix)
     return FLConfig(**{**cfg.__dict__, "local": local})
 
@@ -94,12 +97,16 @@ class ModelConfig:
 
 
 def model_config(data: dict[str, Any] | None, prefix: str = "model") -> ModelConfig:
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(prefix, data, "a mapping with a name and kwargs")
     data = dict(data or {})
     if not isinstance(data.get("name"), str):
         raise ConfigError(f"{prefix}.name", data.get("name"), "a model name (string)")
-    kwargs = data.pop("kwargs", None) or {}
+    kwargs = data.pop("kwargs", None)
+    kwargs = {} if kwargs is None else kwargs  # kwargs: null = no builder arguments
     if not isinstance(kwargs, dict):
         raise ConfigError(f"{prefix}.kwargs", kwargs, "a mapping of builder arguments")
+    check_finite_tree(f"{prefix}.kwargs", kwargs)
     unknown = sorted(set(data) - {"name"})
     if unknown:
         raise ConfigError(f"{prefix}.{unknown[0]}", data[unknown[0]], "known keys are name, kwargs")
@@ -137,3 +144,73 @@ class StudyConfig:
             table, _, column = self.paper_reference.partition("/")
             check(table in FEDDDPM_FID and column in COLUMNS, f"{p}.paper_reference",
                   self.paper_reference, f"null or <{'|'.join(FEDDDPM_FID)}>/<{'|'.join(COLUMNS)}>")
+
+
+# Builder arguments that the pipeline sets from the dataset; params may not give them.
+_SET_BY_PIPELINE = ("self", "in_shape", "num_classes", "mean", "std")
+
+
+def check_model(cfg: ModelConfig, prefix: str = "model", in_shape: tuple[int, int, int] | None = None,
+                num_classes: int | None = None) -> None:
+    """``cfg.name`` is a registered model and ``cfg.kwargs`` are its options; with the data's
+    ``in_shape`` and ``num_classes`` (known from the dataset config, nothing loaded) the model is
+    also built once on torch's meta device (no memory, no compute), so that a value its builder
+    refuses (a negative or zero width, a string, an unknown norm) is one line before any data
+    loads."""
+    import inspect
+
+    from fedpipe.models import MODELS, build_model
+
+    if cfg.name not in MODELS:
+        raise ConfigError(f"{prefix}.name", cfg.name, "one of " + ", ".join(sorted(MODELS)))
+    options = set(inspect.signature(MODELS[cfg.name]).parameters) - set(_SET_BY_PIPELINE)
+    for key in cfg.kwargs:
+        if key not in options:
+            raise ConfigError(f"{prefix}.kwargs.{key}", cfg.kwargs[key],
+                              f"options of model {cfg.name}: {', '.join(sorted(options))}")
+    if in_shape is not None and num_classes is not None:
+        dry_build(f"{prefix}.kwargs", cfg.kwargs, f"model {cfg.name} for {in_shape} images",
+                  lambda kw: build_model(cfg.name, in_shape, num_classes, **kw))
+
+
+def dry_build(key: str, kwargs: dict, what: str, builder: Any) -> None:
+    """Build ``builder(kwargs)`` on the meta device; a refusal, or a layer of size zero, is a
+    ConfigError naming the option at fault when one option alone is (else all of ``kwargs``)."""
+    problem = _build_problem(builder, kwargs)
+    if problem is None:
+        return
+    culprits = [k for k in kwargs if _build_problem(builder, {k: kwargs[k]}) is not None]
+    if len(culprits) == 1:
+        k = culprits[0]
+        raise ConfigError(f"{key}.{k}", kwargs[k], f"a value that builds {what} ({problem})")
+    raise ConfigError(key, kwargs, f"options that build {what} ({problem})")
+
+
+def _build_problem(builder: Any, kwargs: dict) -> str | None:
+    """Why ``builder(kwargs)`` fails (None if it builds). Built on the meta device (no memory) and,
+    for a builder whose construction itself runs a forward pass that needs values, on the CPU;
+    either way inside ``fork_rng``, so that the global RNG is left as it was."""
+    import warnings
+
+    import torch
+
+    def attempt(device: str):
+        with torch.random.fork_rng(devices=[]), torch.device(device), torch.no_grad(), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return builder(dict(kwargs))
+
+    try:
+        try:
+            model = attempt("meta")
+        except (RuntimeError, NotImplementedError) as e:
+            if "meta" not in str(e):
+                raise
+            model = attempt("cpu")
+    except Exception as e:  # noqa: BLE001 (whatever the builder refuses is the user's value)
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        return f"{type(e).__name__}: {lines[0][:200]}"
+    empty = [n for n, p in model.named_parameters() if p.numel() == 0]
+    if empty:
+        return f"layer {empty[0]} would have size zero"
+    return None

@@ -116,13 +116,22 @@ def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
             "outputs": {str(out / "reference.safetensors"): md5_file(out / "reference.safetensors")}}
 
 
+def check_fid_inputs(fid_dir: str | Path = FID_DIR) -> None:
+    """The feature_extractor stage's files are there and readable (InputError otherwise); the
+    stages that score call it before any compute."""
+    from fedpipe.metrics.fid import META_KEY as REFERENCE_KEY
+    from fedpipe.pipeline.inputs import check_input
+
+    check_input(Path(fid_dir) / "classifier.safetensors", "feature_extractor", metadata=META_KEY)
+    check_input(Path(fid_dir) / "reference.safetensors", "feature_extractor",
+                metadata=REFERENCE_KEY)
+
+
 def load_fid_tools(cfg: FIDConfig, meta: DatasetMeta, seed: int, fid_dir: str | Path = FID_DIR
                    ) -> FIDTools:
     """The FID object, reference and classifier written by the feature_extractor stage."""
     d = Path(fid_dir)
-    for f in ("classifier.safetensors", "reference.safetensors"):
-        if not (d / f).is_file():
-            raise FileNotFoundError(f"missing {d / f} (run `dvc repro feature_extractor`)")
+    check_fid_inputs(d)
     saved = read_metadata(d / "classifier.safetensors", META_KEY) or {}
     if saved.get("model") != cfg.classifier.name:
         raise ValueError(f"{d / 'classifier.safetensors'} holds a {saved.get('model')!r} classifier, "
