@@ -737,3 +737,60 @@ if __name__ == "__main__":
         if outcome != want:
             print(f"{outcome:10s} {cid}  | {detail[:160]}")
     print(f"total {len(rows)}: {dict(counts)}")
+
+
+# -- params never reach a shell --------------------------------------------------------------------
+def test_matrix_values_from_dvc_stage(monkeypatch):
+    from fedpipe.cli import matrix_values, stage_arguments
+
+    assert matrix_values("federate@fedavg_ft-12", 2) == ["fedavg_ft", "12"]
+    assert matrix_values("dvc.yaml:federate_ddpm@x;touch PWNED;#-0", 2) == ["x;touch PWNED;#", "0"]
+    with pytest.raises(ConfigError, match="DVC_STAGE"):
+        matrix_values("report", 2)
+    monkeypatch.setenv("DVC_STAGE", "federate@fedprox-3")
+    assert stage_arguments(["federate.py"], "algorithm", "seed") == ["fedprox", "3"]
+    assert stage_arguments(["federate.py", "fedavg", "0"], "algorithm", "seed") == ["fedavg", "0"]
+
+
+def test_dvc_commands_hold_no_params():
+    """No ``${...}`` in any command of dvc.yaml: DVC runs ``cmd`` through a shell."""
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    cmds = {name: s.get("cmd", "") for name, s in dvc["stages"].items()}
+    assert cmds and not {n: c for n, c in cmds.items() if "${" in str(c)}
+
+
+@pytest.mark.slow
+def test_dvc_repro_never_runs_a_param_as_shell(tmp_path):
+    """``study.algorithms: ["x;touch PWNED;#"]`` with a matching ``algorithms`` key: ``dvc repro``
+    of the real federate stages (their matrix, cmd and params from dvc.yaml) creates no file; the
+    stage itself refuses the name in one line."""
+    import shutil
+
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    bad = "x;touch PWNED;#"
+    stages = {}
+    for name in ("federate", "federate_ddpm"):
+        s = dvc["stages"][name]
+        stages[name] = {"matrix": s["matrix"], "cmd": s["cmd"], "params": s["params"],
+                        "deps": [f"stages/{name}.py"]}
+    (tmp_path / "stages").mkdir()
+    for name in stages:
+        shutil.copy(REPO / "stages" / f"{name}.py", tmp_path / "stages")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    params = json.loads(json.dumps(BASE))
+    params["study"] = {**params["study"], "algorithms": [bad], "diffusion_algorithms": [bad],
+                       "seeds": [0]}
+    params["algorithms"][bad] = {}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "FEDPIPE_TRACKING": "off", "PYTHONPATH": str(REPO / "src"),
+           "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "DVC_NO_ANALYTICS": "1"}
+    dvc_cmd = [sys.executable, "-m", "dvc"]
+    subprocess.run([*dvc_cmd, "init", "--no-scm", "-q"], cwd=tmp_path, env=env, check=True,
+                   timeout=60)
+    proc = subprocess.run([*dvc_cmd, "repro"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert not list(tmp_path.rglob("PWNED")), proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    out = proc.stderr + proc.stdout
+    assert "error: invalid config: study." in out and "='x;touch PWNED;#'; allowed: one of" in out

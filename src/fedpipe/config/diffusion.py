@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from fedpipe.config.core import ConfigError, build, check, one_of
-from fedpipe.config.fl import OPTIMIZERS, ModelConfig, check_model, dry_build, model_config
+from fedpipe.config.fl import OPTIMIZERS, ModelConfig, model_config
+from fedpipe.config.models import check_model, dry_build
 
 UNET_PRESETS = ("digits_small", "mnist_paper", "cifar_paper")
 SAMPLERS = ("ddpm", "ddim")

@@ -11,14 +11,8 @@ import torch
 from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
-from fedpipe.config.fl import (  # noqa: F401  (check_model re-exported)
-    FLConfig,
-    ModelConfig,
-    StudyConfig,
-    check_model,
-    fl_config,
-    model_config,
-)
+from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
+from fedpipe.config.models import check_model  # noqa: F401  (re-exported)
 from fedpipe.config.stages import check_sections, read_seed
 from fedpipe.data import Dataset
 from fedpipe.models import build_model
