@@ -794,3 +794,32 @@ def test_dvc_repro_never_runs_a_param_as_shell(tmp_path):
     assert proc.returncode != 0
     out = proc.stderr + proc.stdout
     assert "error: invalid config: study." in out and "='x;touch PWNED;#'; allowed: one of" in out
+
+
+# -- divergence names what is known ----------------------------------------------------------------
+def test_divergence_names_the_section_and_the_algorithm_settings():
+    from fedpipe.algorithms.fedprox import FedProx, FedProxConfig
+    from fedpipe.config.fl import LocalTrainConfig
+    from fedpipe.fl.engine import _guard_losses, settings_in_play
+    from fedpipe.fl.state import ClientUpdate
+
+    s = FedProx(None, lambda: None, LocalTrainConfig(lr=0.5, weight_decay=0.1), FedProxConfig(mu=1e9))
+    hint = settings_in_play(s, "diffusion_fl")
+    u = ClientUpdate(client_id=3, weights={}, num_samples=1, metrics={"loss": NAN})
+    with pytest.raises(DivergenceError) as info:
+        _guard_losses((u,), 4, hint)
+    msg = str(info.value)
+    assert msg.startswith("diverged: round 5, client 3: non-finite local loss (nan); ")
+    assert "diffusion_fl.local.lr=0.5" in msg and "diffusion_fl.local.weight_decay=0.1" in msg
+    assert "algorithms.fedprox (mu=1000000000.0)" in msg
+    assert re.search(r"(?<!diffusion_)fl\.local", msg) is None  # never the classification track's
+    assert "lower" not in msg  # names the settings, guesses at none
+
+
+def test_metrics_json_never_holds_bare_nan(tmp_path):
+    from fedpipe.io import write_json
+
+    write_json(tmp_path / "m.json", {"a": NAN, "b": [1.0, INF], "c": {"d": -INF}, "e": 2.5})
+    text = (tmp_path / "m.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}, "e": 2.5}

@@ -22,7 +22,7 @@ def check_model(cfg: ModelConfig, prefix: str = "model", in_shape: tuple[int, in
                 num_classes: int | None = None) -> None:
     """``cfg.name`` is a registered model and ``cfg.kwargs`` are its options; with the data's
     ``in_shape`` and ``num_classes`` (known from the dataset config, nothing loaded) the model is
-    also built once on torch's meta device (no memory, no compute), so that a value its builder
+    also built once (meta device, else CPU; no data), so that a value its builder
     refuses (a negative or zero width, a string, an unknown norm) is one line before any data
     loads."""
     import inspect
