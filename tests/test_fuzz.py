@@ -49,6 +49,12 @@ try:
 except ImportError:  # the code before issue 17
     pass
 try:
+    from fedpipe.errors import SkippedStageError
+
+    HANDLED = (*HANDLED, SkippedStageError)
+except ImportError:
+    pass
+try:
     from fedpipe.data import DatasetNotFoundError
 
     HANDLED = (*HANDLED, DatasetNotFoundError)
@@ -108,9 +114,15 @@ def v_ddpm(p, algorithm="fedavg"):
 
 
 def v_diffusion(p):
-    from fedpipe.config.diffusion import diffusion_stage_config
+    """What the diffusion stages check before compute: the config, then (first thing in each
+    pipeline function, once the stage is known not to be skipped) the models' options."""
+    from fedpipe.config import diffusion
 
-    return diffusion_stage_config(p, "generate")
+    cfg = diffusion.diffusion_stage_config(p, "generate")
+    check = getattr(diffusion, "check_diffusion_models", None)  # absent before issue 17
+    if check is not None:
+        check(cfg.dataset, cfg.diffusion, cfg.fid)
+    return cfg
 
 
 def v_server_data(p):
@@ -503,6 +515,20 @@ CASES.append(Case("file:empty:generate/aux.safetensors->server_data",
                   setup=lambda tmp: (_write_valid_inputs(tmp),
                                      corrupt(tmp / "generate" / "aux.safetensors", "empty")),
                   tags={"file"}))
+
+
+def _placeholder_aux(tmp: Path) -> None:
+    from fedpipe.pipeline.skip import write_placeholder
+
+    _write_valid_inputs(tmp)
+    write_placeholder(tmp / "generate" / "aux.safetensors", "stage generate is not used")
+
+
+for reader in ("server_data", "federate_ddpm", "aux_quality"):
+    CASES.append(Case(f"file:skipped-placeholder:generate/aux.safetensors->{reader}",
+                      (lambda r: lambda tmp: _stage_call(r, tmp))(reader),
+                      ("aux.safetensors", "was not built"), setup=_placeholder_aux,
+                      spy=SPY[reader], tags={"file"}))
 
 
 # -- persisted checkpoints: set aside and start fresh ---------------------------------------------

@@ -183,15 +183,11 @@ def fid_config(data: dict[str, Any] | None, prefix: str = "fid") -> FIDConfig:
     return FIDConfig(**{**cfg.__dict__, "classifier": classifier})
 
 
-def check_diffusion_track(ds: Any, diff: DiffusionConfig, fid: FIDConfig,
-                          generate: GenerateConfig | None = None) -> None:
-    """Cross-checks of the diffusion-track sections with the dataset, still without loading it: a
-    conditional DDPM needs classes; the noise predictor (``diffusion.unet`` with ``unet_kwargs``)
-    and the FID classifier (``fid.classifier``) build for the data's image shape (on torch's meta
-    device: no memory, no compute); a DDIM sampler has at most T steps."""
-    if diff.conditional:
-        check(ds.num_classes() >= 2, "diffusion.conditional", True,
-              "false for a dataset with one class")
+def check_diffusion_models(ds: Any, diff: DiffusionConfig, fid: FIDConfig) -> None:
+    """The noise predictor (``diffusion.unet`` with ``unet_kwargs``) and the FID classifier
+    (``fid.classifier``) build for the data's image shape, known without loading it (see
+    :mod:`fedpipe.config.models`; imports the models, so the stages that may be skipped call it
+    once they know they run, before any data loads)."""
     from fedpipe.models.unet import build_unet
 
     shape, classes = ds.in_shape(), ds.num_classes()
@@ -199,6 +195,15 @@ def check_diffusion_track(ds: Any, diff: DiffusionConfig, fid: FIDConfig,
               f"UNet preset {diff.unet} for {shape} images",
               lambda kw: build_unet(diff.unet, shape, classes if diff.conditional else None, **kw))
     check_model(fid.classifier, "fid.classifier", shape, classes)
+
+
+def check_diffusion_track(ds: Any, diff: DiffusionConfig, fid: FIDConfig,
+                          generate: GenerateConfig | None = None) -> None:
+    """Cheap cross-checks of the diffusion-track sections with the dataset, without loading it: a
+    conditional DDPM needs classes; a DDIM sampler has at most T steps."""
+    if diff.conditional:
+        check(ds.num_classes() >= 2, "diffusion.conditional", True,
+              "false for a dataset with one class")
     t = diff.num_train_timesteps
     for name, cfg in (("generate", generate), ("fid", fid)):
         if cfg is not None and cfg.sampler == "ddim":  # the ddpm sampler ignores ddim_steps

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpipe.config.diffusion import DiffusionStageConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, check_diffusion_models
 from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, save_figure, write_csv, write_json
 from fedpipe.pipeline.diffusion import AUX_FILE, AUX_QUALITY_DIR, FID_DIR
@@ -59,6 +59,7 @@ def plot_per_class(acc: np.ndarray, class_names: list[str], title: str):
 def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path = AUX_QUALITY_DIR,
                 aux_path: str | Path = AUX_FILE, fid_dir: str | Path = FID_DIR) -> dict:
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     check_aux(aux_path)  # every input is readable before any compute
     check_fid_inputs(fid_dir)
     ds = load_dataset(cfg.dataset)

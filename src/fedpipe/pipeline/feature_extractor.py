@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from fedpipe.config.diffusion import DiffusionStageConfig, FIDConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, FIDConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, DatasetMeta, load_dataset
 from fedpipe.fl.local import local_train
@@ -91,6 +91,7 @@ def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
                       progress: bool = True) -> dict:
     """Train the classifier, cache the reference statistics; returns the stage's metrics."""
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     ds = load_dataset(cfg.dataset)
     device = resolve_device(cfg.fid.device)
     clf = train_classifier(cfg.fid, ds.meta, ClientData(ds.train.x, ds.train.y), cfg.seed, device,

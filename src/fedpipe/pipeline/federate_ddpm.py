@@ -38,6 +38,7 @@ from fedpipe.config.core import build
 from fedpipe.config.diffusion import (
     DiffusionConfig,
     FIDConfig,
+    check_diffusion_models,
     check_diffusion_track,
     diffusion_config,
     fid_config,
@@ -95,6 +96,7 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
     fl = fl_config(params.get("diffusion_fl"), "diffusion_fl")
     fid = fid_config(params.get("fid"))
     check_diffusion_track(ds, diff, fid)
+    check_diffusion_models(ds, diff, fid)
     study = build(StudyConfig, params.get("study"), "study")
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
     algos = check_algorithm_sections(params.get("algorithms"))

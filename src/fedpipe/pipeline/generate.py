@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedpipe.config.diffusion import DiffusionStageConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, check_diffusion_models
 from fedpipe.data import apportion, load_dataset
 from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.state import all_finite
@@ -126,6 +126,7 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
              progress: bool = True) -> dict:
     """Sample the auxiliary set from the warm-up models; returns the stage metrics."""
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     part = load_partition(partition_path)
     g = cfg.generate
     counts = aux_counts(part.sizes(), g.ratio)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedpipe.data import ClientData, Dataset, Partition, client_data
 from fedpipe.errors import InputError
-from fedpipe.io import md5_file, set_aside  # noqa: F401  (set_aside re-exported)
+from fedpipe.io import SKIPPED_KEY, load_tensors, md5_file, set_aside  # noqa: F401  (set_aside re-exported)
 
 PARTITION_PATH = "data/partition/partition.safetensors"
 PARTITION_KEYS = ("train_indices", "train_offsets", "test_indices", "test_offsets")
@@ -32,6 +32,8 @@ def safetensors_problem(path: str | Path, keys: tuple[str, ...] = (), metadata: 
     except Exception as e:  # noqa: BLE001 (SafetensorError, OSError: the file is unreadable)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return f"not a readable safetensors file ({first}; truncated or corrupt?)"
+    if SKIPPED_KEY in meta:  # a skipped stage's placeholder: its own one-line error
+        load_tensors(path)  # raises SkippedStageError
     lacking = [k for k in keys if k not in names]
     if lacking:
         return f"has no tensor {lacking[0]!r} (not the file this stage reads)"

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.errors import DivergenceError
@@ -192,6 +192,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
     train clients side by side on the CPU, one thread each (default :func:`worker_count`, from
     ``FEDPIPE_WORKERS``); 1 trains them one after the other in this process."""
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     models_dir = out / "models"
     resume_dir = checkpoint_dir(out, "models")  # each finished client, as soon as it is done
     resume_dir.mkdir(parents=True, exist_ok=True)
