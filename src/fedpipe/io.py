@@ -164,3 +164,40 @@ def set_aside(path: str | Path, problem: str, into: str | Path | None = None) ->
     os.replace(path, dest)
     log.warning("set aside %s (%s) as %s; starting that work afresh", path, problem, dest)
     return dest
+
+
+def safetensors_problem(path: str | os.PathLike, keys: tuple[str, ...] = (), metadata: str | None = None
+                        ) -> str | None:
+    """What is wrong with the safetensors file ``path`` (None if nothing): missing, unreadable
+    (truncated, garbage: safetensors checks the header and that the data covers it), without the
+    tensors ``keys`` or the metadata key ``metadata``. Reads the header only."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names, meta = set(f.keys()), f.metadata() or {}
+    except Exception as e:  # noqa: BLE001 (SafetensorError, OSError: the file is unreadable)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"not a readable safetensors file ({first}; truncated or corrupt?)"
+    if SKIPPED_KEY in meta:  # a skipped stage's placeholder: its own one-line error
+        load_tensors(path)  # raises SkippedStageError
+    lacking = [k for k in keys if k not in names]
+    if lacking:
+        return f"has no tensor {lacking[0]!r} (not the file this stage reads)"
+    if metadata is not None and metadata not in meta:
+        return f"has no {metadata!r} metadata (not the file this stage reads)"
+    return None
+
+
+def check_input(path: str | os.PathLike, stage: str, keys: tuple[str, ...] = (),
+                metadata: str | None = None) -> None:
+    """Raise :class:`InputError` (one line: the file, the problem, ``dvc repro <stage>``) unless
+    ``path`` is a readable safetensors file with ``keys``; stages call it before any compute."""
+    problem = safetensors_problem(path, keys, metadata)
+    if problem is not None:
+        from fedpipe.errors import InputError
+
+        raise InputError(path, problem, stage)

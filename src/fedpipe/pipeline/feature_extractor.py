@@ -120,8 +120,8 @@ def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
 def check_fid_inputs(fid_dir: str | Path = FID_DIR) -> None:
     """The feature_extractor stage's files are there and readable (InputError otherwise); the
     stages that score call it before any compute."""
+    from fedpipe.io import check_input
     from fedpipe.metrics.fid import META_KEY as REFERENCE_KEY
-    from fedpipe.pipeline.inputs import check_input
 
     check_input(Path(fid_dir) / "classifier.safetensors", "feature_extractor", metadata=META_KEY)
     check_input(Path(fid_dir) / "reference.safetensors", "feature_extractor",

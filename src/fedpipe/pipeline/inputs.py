@@ -9,46 +9,15 @@ import json
 from pathlib import Path
 
 from fedpipe.data import ClientData, Dataset, Partition, client_data
-from fedpipe.errors import InputError
-from fedpipe.io import SKIPPED_KEY, load_tensors, md5_file, set_aside  # noqa: F401  (set_aside re-exported)
+from fedpipe.io import (  # noqa: F401  (re-exported: the stages' input checks)
+    check_input,
+    md5_file,
+    safetensors_problem,
+    set_aside,
+)
 
 PARTITION_PATH = "data/partition/partition.safetensors"
 PARTITION_KEYS = ("train_indices", "train_offsets", "test_indices", "test_offsets")
-
-
-def safetensors_problem(path: str | Path, keys: tuple[str, ...] = (), metadata: str | None = None
-                        ) -> str | None:
-    """What is wrong with the safetensors file ``path`` (None if nothing): missing, unreadable
-    (truncated, garbage: safetensors checks the header and that the data covers it), without the
-    tensors ``keys`` or the metadata key ``metadata``. Reads the header only."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        return "missing"
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            names, meta = set(f.keys()), f.metadata() or {}
-    except Exception as e:  # noqa: BLE001 (SafetensorError, OSError: the file is unreadable)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return f"not a readable safetensors file ({first}; truncated or corrupt?)"
-    if SKIPPED_KEY in meta:  # a skipped stage's placeholder: its own one-line error
-        load_tensors(path)  # raises SkippedStageError
-    lacking = [k for k in keys if k not in names]
-    if lacking:
-        return f"has no tensor {lacking[0]!r} (not the file this stage reads)"
-    if metadata is not None and metadata not in meta:
-        return f"has no {metadata!r} metadata (not the file this stage reads)"
-    return None
-
-
-def check_input(path: str | Path, stage: str, keys: tuple[str, ...] = (),
-                metadata: str | None = None) -> None:
-    """Raise :class:`InputError` (one line: the file, the problem, ``dvc repro <stage>``) unless
-    ``path`` is a readable safetensors file with ``keys``; stages call it before any compute."""
-    problem = safetensors_problem(path, keys, metadata)
-    if problem is not None:
-        raise InputError(path, problem, stage)
 
 
 def load_partition(path: str | Path = PARTITION_PATH) -> Partition:

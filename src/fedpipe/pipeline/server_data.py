@@ -28,8 +28,7 @@ from fedpipe.config.fl import StudyConfig
 from fedpipe.config.stages import check_sections
 from fedpipe.data import ClientData
 from fedpipe.fl import ServerData
-from fedpipe.io import load_tensors, md5_file, read_json, save_tensors, write_json
-from fedpipe.pipeline.inputs import check_input
+from fedpipe.io import check_input, load_tensors, md5_file, read_json, save_tensors, write_json
 
 SERVER_DATA_DIR = Path("data/server_data")
 MANIFEST = "manifest.json"
