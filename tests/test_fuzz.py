@@ -532,11 +532,20 @@ for reader in ("server_data", "federate_ddpm", "aux_quality"):
 
 
 # -- persisted checkpoints: set aside and start fresh ---------------------------------------------
+def _resume_dir(out: Path, *parts: str) -> Path:
+    """Where a stage keeps its resume state (its own folder before the lead's data/checkpoints/)."""
+    try:
+        from fedpipe.pipeline.inputs import checkpoint_dir
+    except ImportError:
+        return out.joinpath(*parts, "checkpoint") if parts[-1] != "models" else out / "models"
+    return checkpoint_dir(out, *parts)
+
+
 def _ckpt_setup(tmp: Path) -> None:
     from fedpipe.data.outputs import partition_and_write
 
     partition_and_write(partition_stage_config(tiny_params()), tmp / "partition")
-    d = tmp / "fed" / "fedavg" / "seed_0" / "checkpoint"
+    d = _resume_dir(tmp / "fed", "fedavg", "seed_0")
     d.mkdir(parents=True)
     (d / "server.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
 
@@ -553,7 +562,8 @@ def _ckpt_after(tmp: Path) -> str | None:
     out = tmp / "fed" / "fedavg" / "seed_0"
     if not (out / "model.safetensors").is_file():
         return "no model written"
-    aside = list(out.glob("checkpoint.corrupt*"))
+    d = _resume_dir(tmp / "fed", "fedavg", "seed_0")
+    aside = list(d.parent.glob(f"{d.name}.corrupt*"))
     return None if aside else "the corrupt checkpoint was not set aside"
 
 
@@ -561,7 +571,7 @@ def _warm_setup(tmp: Path) -> None:
     from fedpipe.data.outputs import partition_and_write
 
     partition_and_write(partition_stage_config(tiny_params()), tmp / "partition")
-    f = tmp / "warmup" / "models" / "client_000.safetensors"
+    f = _resume_dir(tmp / "warmup", "models") / "client_000.safetensors"
     f.parent.mkdir(parents=True)
     f.write_bytes(b"garbage")
 
@@ -573,7 +583,7 @@ def _warm_after(tmp: Path) -> str | None:
     if not f.is_file():
         return "no model"
     load_tensors(f)
-    aside = list((tmp / "warmup").rglob("client_000*.corrupt*"))
+    aside = list(tmp.rglob("client_000*.corrupt*"))
     return None if aside else "the corrupt model was not set aside"
 
 
@@ -596,7 +606,7 @@ def _diverge_warmup(tmp: Path):
 
 
 def _diverge_warmup_after(tmp: Path) -> str | None:
-    models = list((tmp / "warmup" / "models").glob("*.safetensors"))
+    models = list(tmp.rglob("client_*.safetensors"))
     if models:
         return f"wrote {[m.name for m in models]}"
     m = tmp / "warmup" / "metrics.json"
