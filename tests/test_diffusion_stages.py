@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from fedpipe.config import ConfigError, partition_stage_config
 from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.data import Partition
-from fedpipe.errors import InputError
 from fedpipe.data.outputs import partition_and_write
+from fedpipe.errors import InputError
 from fedpipe.io import load_tensors, read_json
 from fedpipe.pipeline.aux_quality import aux_quality
 from fedpipe.pipeline.feature_extractor import feature_extractor, load_fid_tools
