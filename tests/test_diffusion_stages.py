@@ -17,6 +17,7 @@ from fedpipe.config import ConfigError, partition_stage_config
 from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.data import Partition
 from fedpipe.data.outputs import partition_and_write
+from fedpipe.errors import InputError
 from fedpipe.io import load_tensors, read_json
 from fedpipe.pipeline.aux_quality import aux_quality
 from fedpipe.pipeline.feature_extractor import feature_extractor, load_fid_tools
@@ -65,7 +66,7 @@ def tiny_partition(tmp_path) -> tuple[Path, dict]:
 @pytest.mark.parametrize("section,values,expected", [
     ("diffusion", {"unet": "big"}, "diffusion.unet='big'"),
     ("diffusion", {"num_train_timesteps": 1}, "diffusion.num_train_timesteps=1"),
-    ("diffusion", {"beta_end": 1e-5}, "diffusion.beta_start=0.0001"),
+    ("diffusion", {"beta_end": 1e-5}, "diffusion.beta_end=1e-05"),
     ("diffusion", {"ema_decay": 1.5}, "diffusion.ema_decay=1.5"),
     ("diffusion", {"device": "tpu"}, "diffusion.device='tpu'"),
     ("diffusion", {"unet_kwargs": [1]}, "diffusion.unet_kwargs=[1]"),
@@ -255,7 +256,7 @@ def load_dataset_meta(params):
 def test_generate_needs_warmup_models(tiny_partition, tmp_path):
     part_path, params = tiny_partition
     cfg = diffusion_stage_config(params, "generate")
-    with pytest.raises(FileNotFoundError, match="run `dvc repro warmup`"):
+    with pytest.raises(InputError, match="run `dvc repro warmup`"):
         generate(cfg, tmp_path / "gen", tmp_path / "nowhere", part_path, progress=False)
     assert not (tmp_path / "gen" / "aux.safetensors").exists()
 

@@ -35,8 +35,8 @@ def params_with(**changes) -> dict:
     ({"fl/local/epohcs": 2}, "fedavg", "fl.local.epohcs=2"),
     ({"model/name": "vgg"}, "fedavg", "model.name='vgg'"),
     ({"model/kwargs": {"widht": 3}}, "fedavg", "model.kwargs.widht=3"),
-    ({"study/algorithms": ["fedavg", "fedsgd"]}, "fedavg", "study.algorithms='fedsgd'"),
-    ({}, "fedfoo", "algorithm='fedfoo'"),
+    ({"study/algorithms": ["fedavg", "fedsgd"]}, "fedavg", "study.algorithms[1]='fedsgd'"),
+    ({}, "fedfoo", "algorithm argument='fedfoo'"),
 ])
 def test_bad_train_params(changes, algo, expected):
     with pytest.raises(ConfigError) as info:

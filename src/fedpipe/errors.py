@@ -9,3 +9,15 @@ class DivergenceError(RuntimeError):
 class SkippedStageError(RuntimeError):
     """An input is the placeholder of a stage the study's plan skipped (or the plan is missing); the
     message names the file and what builds it; exit code 2."""
+
+
+class InputError(RuntimeError):
+    """A missing or unreadable input file of a stage: names the file, what is wrong with it, and
+    the ``dvc repro <stage>`` that rebuilds it; exit code 2, raised before any compute."""
+
+    def __init__(self, path: object, problem: str, stage: str):
+        self.path, self.problem, self.stage = str(path), problem, stage
+        super().__init__(f"input {self.path}: {problem}; run `dvc repro {stage}` to rebuild it")
+
+    def __reduce__(self):  # raised in a worker process, it crosses back whole
+        return (type(self), (self.path, self.problem, self.stage))

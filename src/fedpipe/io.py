@@ -10,14 +10,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
+import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -57,7 +62,20 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """Strict JSON: a non-finite float (which ``json`` would write as a bare ``NaN``, not JSON)
+    is written as ``null``."""
+    write_text(path, json.dumps(_finite_json(obj), indent=2, sort_keys=True, allow_nan=False)
+               + "\n")
+
+
+def _finite_json(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {k: _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_json(v) for v in obj]
+    return obj
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -134,3 +152,52 @@ def md5_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def set_aside(path: str | Path, problem: str, into: str | Path | None = None) -> Path:
+    """Rename a corrupt persisted file or folder out of the way (``<name>.corrupt-<time>``, in
+    ``into`` or beside it), with a log line, so that its stage starts that work afresh."""
+    path = Path(path)
+    where = Path(into) if into is not None else path.parent
+    where.mkdir(parents=True, exist_ok=True)
+    dest = where / f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    os.replace(path, dest)
+    log.warning("set aside %s (%s) as %s; starting that work afresh", path, problem, dest)
+    return dest
+
+
+def safetensors_problem(path: str | os.PathLike, keys: tuple[str, ...] = (), metadata: str | None = None
+                        ) -> str | None:
+    """What is wrong with the safetensors file ``path`` (None if nothing): missing, unreadable
+    (truncated, garbage: safetensors checks the header and that the data covers it), without the
+    tensors ``keys`` or the metadata key ``metadata``. Reads the header only."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names, meta = set(f.keys()), f.metadata() or {}
+    except Exception as e:  # noqa: BLE001 (SafetensorError, OSError: the file is unreadable)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"not a readable safetensors file ({first}; truncated or corrupt?)"
+    if SKIPPED_KEY in meta:  # a skipped stage's placeholder: its own one-line error
+        load_tensors(path)  # raises SkippedStageError
+    lacking = [k for k in keys if k not in names]
+    if lacking:
+        return f"has no tensor {lacking[0]!r} (not the file this stage reads)"
+    if metadata is not None and metadata not in meta:
+        return f"has no {metadata!r} metadata (not the file this stage reads)"
+    return None
+
+
+def check_input(path: str | os.PathLike, stage: str, keys: tuple[str, ...] = (),
+                metadata: str | None = None) -> None:
+    """Raise :class:`InputError` (one line: the file, the problem, ``dvc repro <stage>``) unless
+    ``path`` is a readable safetensors file with ``keys``; stages call it before any compute."""
+    problem = safetensors_problem(path, keys, metadata)
+    if problem is not None:
+        from fedpipe.errors import InputError
+
+        raise InputError(path, problem, stage)

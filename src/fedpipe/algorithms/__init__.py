@@ -77,13 +77,33 @@ ALGORITHMS: dict[str, type[Strategy]] = {
 
 
 def check_algorithms(names: list[str] | tuple[str, ...], key: str) -> None:
-    """Every name of ``names`` (the value of param ``key``) is a registered algorithm."""
-    for name in names:
+    """Every name of ``names`` (the value of param ``key``) is a registered algorithm. (Only
+    registry names reach a stage's name, dvc.yaml's paths, or anything else.)"""
+    for i, name in enumerate(names):
         if name not in ALGORITHMS:
-            raise ConfigError(key, name, "one of " + ", ".join(sorted(ALGORITHMS)))
+            raise ConfigError(f"{key}[{i}]", name, "one of " + ", ".join(sorted(ALGORITHMS)))
 
 
-def algorithm_config(name: str, data: dict[str, Any] | None) -> Any:
-    """Validate ``algorithms.<name>`` against the algorithm's config dataclass."""
-    check_algorithms([name], "algorithm")
+def algorithm_config(name: str, data: dict[str, Any] | None, key: str = "algorithm argument") -> Any:
+    """Validate ``algorithms.<name>`` against the algorithm's config dataclass (``key`` names where
+    ``name`` came from, for the error line)."""
+    if name not in ALGORITHMS:
+        raise ConfigError(key, name, "one of " + ", ".join(sorted(ALGORITHMS)))
     return build(ALGORITHMS[name].config_class, data, f"algorithms.{name}")
+
+
+def check_algorithm_sections(data: Any) -> dict[str, Any]:
+    """The ``algorithms`` section: a mapping from registered names to mappings, each valid for its
+    algorithm (all are checked, not only the study's: a typo in any is an error). Returns it."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("algorithms", data, "a mapping of algorithm name to its settings")
+    for name, cfg in data.items():
+        if name not in ALGORITHMS:
+            raise ConfigError(f"algorithms.{name}", cfg,
+                              "a registered algorithm name: " + ", ".join(sorted(ALGORITHMS)))
+        if cfg is not None and not isinstance(cfg, dict):
+            raise ConfigError(f"algorithms.{name}", cfg, "a mapping of settings ({} for the defaults)")
+        algorithm_config(name, cfg)
+    return data

@@ -2,25 +2,59 @@
 
 ``python -m fedpipe.config.compose [override ...]`` (``make params``) regenerates the committed default
 ``params.yaml`` after an edit under ``conf/``; it uses DVC's own composition function so the file is
-byte-identical to what ``dvc exp run`` would write.
+byte-identical to what ``dvc exp run`` would write. The composed params are checked before they
+replace the file (:func:`check_composed`): names that are not registry names never reach
+``params.yaml``, whose values DVC substitutes into stage names and paths.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
+
+
+def check_composed(params: dict[str, Any]) -> None:
+    """The study's algorithm names are registry names and the ``algorithms`` section holds only
+    registered algorithms with valid settings (ConfigError otherwise)."""
+    from fedpipe.algorithms import check_algorithm_sections, check_algorithms
+    from fedpipe.config.core import build
+    from fedpipe.config.fl import StudyConfig
+    from fedpipe.config.stages import check_sections
+
+    check_sections(params)
+    study = build(StudyConfig, params.get("study"), "study")
+    check_algorithms(study.algorithms, "study.algorithms")
+    check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
+    check_algorithm_sections(params.get("algorithms"))
 
 
 def compose_params(root: str | Path = ".", overrides: list[str] | None = None,
                    output: str = "params.yaml") -> Path:
     from dvc.utils.hydra import compose_and_dump
 
+    from fedpipe.config.core import load_params
+
     root = Path(root).resolve()
     out = root / output
-    compose_and_dump(out, str(root / "conf"), None, "config", str(root / "hydra_plugins"),
-                     list(overrides or []))
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.yaml", dir=out.parent)
+    os.close(fd)
+    try:
+        compose_and_dump(Path(tmp), str(root / "conf"), None, "config",
+                         str(root / "hydra_plugins"), list(overrides or []))
+        check_composed(load_params(tmp))
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, out)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return out
 
 
 if __name__ == "__main__":
-    print(compose_params(".", sys.argv[1:]))
+    from fedpipe.cli import run_stage
+
+    run_stage(lambda: print(compose_params(".", sys.argv[1:])))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -27,10 +28,33 @@ def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("params_file", str(path), "an existing YAML file (run from the repo root)")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError("params_file", str(path), f"valid YAML ({yaml_problem(e)})") from None
     if not isinstance(data, dict):
         raise ConfigError("params_file", str(path), "a YAML mapping at top level")
     return data
+
+
+def yaml_problem(e: Exception) -> str:
+    """One line from a YAML error: what is wrong and where (line, column)."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}".replace("\n", " ")
+
+
+def check_finite_tree(key: str, value: Any) -> None:
+    """Every number inside ``value`` (nested mappings and lists) is finite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, value, "a finite number")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            check_finite_tree(f"{key}.{k}", v)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_finite_tree(f"{key}[{i}]", v)
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -50,6 +74,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(key, value, "a mapping")
+        check_finite_tree(key, value)
         return dict(value)
     if tp is bool:
         if not isinstance(value, bool):
@@ -62,6 +87,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, value, "a number")
+        if not math.isfinite(value):  # params are finite; where null = off, null is the way
+            raise ConfigError(key, value, "a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -109,6 +136,19 @@ def build_selected(registry: Mapping[str, type[T]], data: Any, prefix: str, sele
     if choice not in registry:
         raise ConfigError(f"{prefix}.{selector}", choice, "one of " + ", ".join(sorted(registry)))
     return build(registry[choice], data, prefix)
+
+
+def section(data: Mapping[str, Any], name: str, prefix: str) -> Any:
+    """``data[name]`` for a nested section: absent = {} (the defaults); an explicit null or a
+    non-mapping is refused (null would silently stand for the dataclass defaults, not the
+    composed ones)."""
+    if name not in data:
+        return {}
+    value = data[name]
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{prefix}.{name}" if prefix else name, value,
+                          "a mapping of keys to values ({} for the defaults)")
+    return value
 
 
 def check(cond: bool, key: str, value: Any, allowed: str) -> None:

@@ -25,6 +25,10 @@ class DatasetConfig:
     def train_size(self) -> int:
         raise NotImplementedError
 
+    def in_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images, known without loading them."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class DigitsConfig(DatasetConfig):
@@ -50,6 +54,13 @@ class DigitsConfig(DatasetConfig):
     def train_size(self) -> int:
         return DIGITS_TOTAL - math.ceil(self.test_fraction * DIGITS_TOTAL)
 
+    def in_shape(self) -> tuple[int, int, int]:
+        return (1, 8, 8)
+
+
+# name -> image shape (C, H, W)
+TORCHVISION_SHAPES = {"mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32),
+                      "cifar100": (3, 32, 32)}
 
 # name -> (train size, classes) of the official torchvision splits
 TORCHVISION_SIZES = {
@@ -81,6 +92,9 @@ class TorchvisionConfig(DatasetConfig):
     def train_size(self) -> int:
         return TORCHVISION_SIZES[self.name][0]
 
+    def in_shape(self) -> tuple[int, int, int]:
+        return TORCHVISION_SHAPES[self.name]
+
 
 @dataclass(frozen=True)
 class SyntheticConfig(DatasetConfig):
@@ -110,12 +124,17 @@ class SyntheticConfig(DatasetConfig):
         check(self.test_per_class >= 1, f"{p}.test_per_class", self.test_per_class,
               "an integer >= 1")
         check(self.noise >= 0, f"{p}.noise", self.noise, "a number >= 0")
+        check(self.generator_seed >= 0, f"{p}.generator_seed", self.generator_seed,
+              "an integer >= 0")
 
     def num_classes(self) -> int:
         return self.classes
 
     def train_size(self) -> int:
         return self.classes * self.train_per_class
+
+    def in_shape(self) -> tuple[int, int, int]:
+        return (self.channels, self.image_size, self.image_size)
 
 
 DATASET_CONFIGS: dict[str, type[DatasetConfig]] = {

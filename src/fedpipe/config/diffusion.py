@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedpipe.config.core import build, check, one_of
+from fedpipe.config.core import ConfigError, build, check, one_of
 from fedpipe.config.fl import OPTIMIZERS, ModelConfig, model_config
+from fedpipe.config.models import check_model, dry_build
 
 UNET_PRESETS = ("digits_small", "mnist_paper", "cifar_paper")
 SAMPLERS = ("ddpm", "ddim")
@@ -47,8 +48,9 @@ class DiffusionConfig:
         one_of(f"{p}.unet", self.unet, UNET_PRESETS)
         check(self.num_train_timesteps >= 2, f"{p}.num_train_timesteps", self.num_train_timesteps,
               "an integer >= 2")
-        check(0 < self.beta_start < self.beta_end < 1, f"{p}.beta_start", self.beta_start,
-              f"a number with 0 < beta_start < beta_end (= {self.beta_end}) < 1")
+        check(0 < self.beta_start < 1, f"{p}.beta_start", self.beta_start, "a number in (0, 1)")
+        check(self.beta_start < self.beta_end < 1, f"{p}.beta_end", self.beta_end,
+              f"a number in ({p}.beta_start = {self.beta_start}, 1)")
         if self.ema_decay is not None:
             check(0 < self.ema_decay < 1, f"{p}.ema_decay", self.ema_decay, "null or a number in (0, 1)")
         one_of(f"{p}.device", self.device, DEVICES)
@@ -170,10 +172,43 @@ def generate_config(data: dict[str, Any] | None, prefix: str = "generate") -> Ge
 
 
 def fid_config(data: dict[str, Any] | None, prefix: str = "fid") -> FIDConfig:
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(prefix, data, "a mapping of FID settings")
     data = dict(data or {})
+    if "classifier" in data and not isinstance(data["classifier"], dict):
+        raise ConfigError(f"{prefix}.classifier", data["classifier"],
+                          "a mapping with a model name and kwargs")
     classifier = model_config(data.pop("classifier", {"name": "lenet"}), f"{prefix}.classifier")
     cfg = build(FIDConfig, data, prefix)
     return FIDConfig(**{**cfg.__dict__, "classifier": classifier})
+
+
+def check_diffusion_models(ds: Any, diff: DiffusionConfig, fid: FIDConfig) -> None:
+    """The noise predictor (``diffusion.unet`` with ``unet_kwargs``) and the FID classifier
+    (``fid.classifier``) build for the data's image shape, known without loading it (see
+    :mod:`fedpipe.config.models`; imports the models, so the stages that may be skipped call it
+    once they know they run, before any data loads)."""
+    from fedpipe.models.unet import build_unet
+
+    shape, classes = ds.in_shape(), ds.num_classes()
+    dry_build("diffusion.unet_kwargs", diff.unet_kwargs,
+              f"UNet preset {diff.unet} for {shape} images",
+              lambda kw: build_unet(diff.unet, shape, classes if diff.conditional else None, **kw))
+    check_model(fid.classifier, "fid.classifier", shape, classes)
+
+
+def check_diffusion_track(ds: Any, diff: DiffusionConfig, fid: FIDConfig,
+                          generate: GenerateConfig | None = None) -> None:
+    """Cheap cross-checks of the diffusion-track sections with the dataset, without loading it: a
+    conditional DDPM needs classes; a DDIM sampler has at most T steps."""
+    if diff.conditional:
+        check(ds.num_classes() >= 2, "diffusion.conditional", True,
+              "false for a dataset with one class")
+    t = diff.num_train_timesteps
+    for name, cfg in (("generate", generate), ("fid", fid)):
+        if cfg is not None and cfg.sampler == "ddim":  # the ddpm sampler ignores ddim_steps
+            check(cfg.ddim_steps <= t, f"{name}.ddim_steps", cfg.ddim_steps,
+                  f"an integer in [1, diffusion.num_train_timesteps = {t}] with {name}.sampler ddim")
 
 
 # -- per-stage views -----------------------------------------------------------------------------
@@ -209,10 +244,9 @@ def diffusion_stage_config(params: dict[str, Any], stage: str) -> DiffusionStage
     seed = read_seed(params)
     ds = dataset_config(params.get("dataset"))
     diff = diffusion_config(params.get("diffusion"))
-    if diff.conditional:
-        check(ds.num_classes() >= 2, "diffusion.conditional", True, "false for a dataset with one class")
     cfg = DiffusionStageConfig(
         seed=seed, dataset=ds, diffusion=diff, warmup=warmup_config(params.get("warmup")),
         generate=generate_config(params.get("generate")), fid=fid_config(params.get("fid")),
         params_read={k: params.get(k) for k in STAGE_SECTIONS[stage]})
+    check_diffusion_track(ds, diff, cfg.fid, cfg.generate)
     return cfg

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedpipe.config.core import ConfigError, build, check, one_of
+from fedpipe.config.core import ConfigError, build, check, check_finite_tree, one_of, section
 
 OPTIMIZERS = ("sgd", "adam")
 AGGREGATIONS = ("weighted", "uniform")
@@ -79,8 +79,11 @@ class FLConfig:
 
 
 def fl_config(data: dict[str, Any] | None, prefix: str = "fl") -> FLConfig:
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(prefix, data, "a mapping of round-loop settings with a local mapping")
     data = dict(data or {})
-    local = build(LocalTrainConfig, data.pop("local", None), f"{prefix}.local")
+    local = build(LocalTrainConfig, section(data, "local", prefix), f"{prefix}.local")
+    data.pop("local", None)
     cfg = build(FLConfig, data, prefix)
     return FLConfig(**{**cfg.__dict__, "local": local})
 
@@ -94,12 +97,16 @@ class ModelConfig:
 
 
 def model_config(data: dict[str, Any] | None, prefix: str = "model") -> ModelConfig:
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(prefix, data, "a mapping with a name and kwargs")
     data = dict(data or {})
     if not isinstance(data.get("name"), str):
         raise ConfigError(f"{prefix}.name", data.get("name"), "a model name (string)")
-    kwargs = data.pop("kwargs", None) or {}
+    kwargs = data.pop("kwargs", None)
+    kwargs = {} if kwargs is None else kwargs  # kwargs: null = no builder arguments
     if not isinstance(kwargs, dict):
         raise ConfigError(f"{prefix}.kwargs", kwargs, "a mapping of builder arguments")
+    check_finite_tree(f"{prefix}.kwargs", kwargs)
     unknown = sorted(set(data) - {"name"})
     if unknown:
         raise ConfigError(f"{prefix}.{unknown[0]}", data[unknown[0]], "known keys are name, kwargs")

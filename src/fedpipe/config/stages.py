@@ -19,6 +19,9 @@ def check_sections(params: dict[str, Any]) -> None:
     if unknown:
         raise ConfigError(unknown[0], params[unknown[0]],
                           "top-level sections are " + ", ".join(KNOWN_SECTIONS))
+    for name in KNOWN_SECTIONS:  # null would silently stand for the dataclass defaults
+        if name != "seed" and name in params and params[name] is None:
+            raise ConfigError(name, None, "a mapping (the composed section; {} for the defaults)")
 
 
 def read_seed(params: dict[str, Any]) -> int:

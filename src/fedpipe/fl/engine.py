@@ -30,6 +30,7 @@ that client is needed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -56,7 +57,7 @@ from fedpipe.fl.state import (
     unflatten_groups,
 )
 from fedpipe.fl.strategy import RoundInfo, Score, ServerData, Strategy, uniform_selection
-from fedpipe.io import save_tensors
+from fedpipe.io import save_tensors, set_aside
 from fedpipe.rng import numpy_rng, torch_generator
 
 log = logging.getLogger(__name__)
@@ -210,30 +211,65 @@ def load_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore]:
     return meta, state, store
 
 
+def _readable_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore] | None:
+    """The checkpoint in ``directory`` (None if there is none). One that cannot be read (a
+    truncated or corrupt server or client file, a manifest naming a missing file) is set aside
+    (the folder renamed to ``<name>.corrupt-<time>``, with a log line) and the run starts fresh:
+    a bad checkpoint never blocks its stage."""
+    if not (directory / SERVER_FILE).is_file():
+        return None
+    try:
+        meta, state, store = load_checkpoint(directory)
+        for name in store.files.values():
+            if name:
+                with safe_open(str(directory / CLIENTS_DIR / name), framework="pt") as f:
+                    f.keys()
+        return meta, state, store
+    except Exception as e:  # noqa: BLE001 (any unreadable part: SafetensorError, KeyError, ...)
+        first = (str(e).strip().splitlines() or [""])[0]
+        set_aside(directory, f"unreadable checkpoint: {type(e).__name__}: {first}")
+        return None
+
+
 # -- the loop ----------------------------------------------------------------------------------
-def _guard_losses(updates: Sequence[ClientUpdate], round_: int) -> None:
+def settings_in_play(strategy: Strategy, section: str) -> str:
+    """The settings a divergence may come from, as given (the error names them all and guesses at
+    none): the local training of ``section`` (``fl`` or ``diffusion_fl``) and the algorithm's own
+    hyperparameters."""
+    local = strategy.local
+    parts = [f"{section}.local.{k}={getattr(local, k)}"
+             for k in ("lr", "optimizer", "momentum", "weight_decay", "grad_clip", "lr_decay")
+             if hasattr(local, k)]
+    cfg = strategy.cfg
+    if dataclasses.is_dataclass(cfg):
+        own = ", ".join(f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg))
+        if own:
+            parts.append(f"algorithms.{strategy.name} ({own})")
+    return "settings in play: " + ", ".join(parts)
+
+
+def _guard_losses(updates: Sequence[ClientUpdate], round_: int, hint: str = "") -> None:
     """Non-finite local loss: stop, naming the round and client (free: losses are already floats)."""
     for u in updates:
         loss = u.metrics.get("loss", 0.0)
         if not np.isfinite(loss):
             raise DivergenceError(f"diverged: round {round_ + 1}, client {u.client_id}: "
-                                  f"non-finite local loss ({loss}); lower fl.local.lr or set "
-                                  f"fl.local.grad_clip")
+                                  f"non-finite local loss ({loss}); {hint}")
 
 
 def _extras_finite(groups: dict[str, Weights]) -> bool:
     return all(all_finite(g) for g in groups.values())
 
 
-def _guard_state(state: ServerState, updates: Sequence[ClientUpdate], round_: int) -> None:
+def _guard_state(state: ServerState, updates: Sequence[ClientUpdate], round_: int,
+                 hint: str = "") -> None:
     """Non-finite update: checked once on the aggregate; only then are the clients scanned to name
     the culprit (one finiteness check per tensor per round instead of per client)."""
     if all_finite(state.weights) and _extras_finite(state.extra):
         return
     bad = [u.client_id for u in updates if not (all_finite(u.weights) and _extras_finite(u.extra))]
     who = f"client {bad[0]}" if bad else "server aggregation"
-    raise DivergenceError(f"diverged: round {round_ + 1}, {who}: non-finite model update; "
-                          f"lower fl.local.lr or set fl.local.grad_clip")
+    raise DivergenceError(f"diverged: round {round_ + 1}, {who}: non-finite model update; {hint}")
 
 
 def personal_models(strategy: Strategy, state: ServerState, store: ClientStore,
@@ -269,7 +305,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
                   stop_after: int | None = None, server_data: ServerData | None = None,
                   score: Score | None = None,
                   on_round: Callable[[dict[str, float]], None] | None = None,
-                  progress: bool = True) -> RunResult:
+                  progress: bool = True, section: str = "fl") -> RunResult:
     """Run ``fl.rounds`` rounds of ``strategy`` from ``model``'s initial weights.
 
     ``evaluate(state, personal)`` scores the global model (and, for a method with personal models,
@@ -280,16 +316,19 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
     interruption; used by tests). A strategy ends training early by setting
     ``state.meta["stopped_at"]`` in a hook (FedDDPM+'s QuickTest): the engine records that round,
     checkpoints it and stops. ``server_data`` and ``score`` reach the server hooks in
-    :class:`~fedpipe.fl.strategy.RoundInfo`.
+    :class:`~fedpipe.fl.strategy.RoundInfo`. ``section`` is the params section of ``fl``
+    (``fl`` or ``diffusion_fl``), named when a round diverges.
     """
+    hint = settings_in_play(strategy, section)
     n = len(clients)
     per_round = fl.clients_per_round(n)
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start, history, client_history = 0, [], []
     state = strategy.init_server(model)
     store = ClientStore(ckpt / CLIENTS_DIR if ckpt is not None else None)
-    if ckpt is not None and (ckpt / SERVER_FILE).is_file():
-        meta, saved_state, saved_store = load_checkpoint(ckpt)
+    saved = _readable_checkpoint(ckpt) if ckpt is not None else None
+    if saved is not None:
+        meta, saved_state, saved_store = saved
         if meta.get("fingerprint") == fingerprint:
             start, history = int(meta["round"]), list(meta["history"])
             client_history = list(meta.get("client_history", []))
@@ -327,13 +366,13 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         results = executor.run(strategy, payloads,
                                [(cid, client_state(cid), clients[cid]) for cid in selected], seed)
         updates = tuple(u for u, _, _ in results)
-        _guard_losses(updates, r)
+        _guard_losses(updates, r, hint)
         for cid, (_, cstate, _) in zip(selected, results, strict=True):
             store.put(cid, cstate)
         rnd = RoundInfo(index=r, total=fl.rounds, seed=seed, updates=updates,
                         server_data=server_data, score=score, selected=tuple(selected))
         state = strategy.aggregate(state, rnd)
-        _guard_state(state, updates, r)
+        _guard_state(state, updates, r, hint)
         state = strategy.server_update(state, rnd)
         sizes = np.array([u.num_samples for u in updates], dtype=np.float64)
         losses = np.array([u.metrics.get("loss", np.nan) for u in updates])

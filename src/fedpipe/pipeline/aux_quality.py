@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpipe.config.diffusion import DiffusionStageConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, check_diffusion_models
 from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, save_figure, write_csv, write_json
 from fedpipe.pipeline.diffusion import AUX_FILE, AUX_QUALITY_DIR, FID_DIR
-from fedpipe.pipeline.feature_extractor import load_fid_tools
-from fedpipe.pipeline.generate import load_aux
+from fedpipe.pipeline.feature_extractor import check_fid_inputs, load_fid_tools
+from fedpipe.pipeline.generate import check_aux, load_aux
 from fedpipe.rng import numpy_rng
 from fedpipe.tasks import ClassificationTask
 
@@ -59,6 +59,9 @@ def plot_per_class(acc: np.ndarray, class_names: list[str], title: str):
 def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path = AUX_QUALITY_DIR,
                 aux_path: str | Path = AUX_FILE, fid_dir: str | Path = FID_DIR) -> dict:
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
+    check_aux(aux_path)  # every input is readable before any compute
+    check_fid_inputs(fid_dir)
     ds = load_dataset(cfg.dataset)
     tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir)
     aux = load_aux(aux_path)

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms
+from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
+from fedpipe.config.models import check_model  # noqa: F401  (re-exported)
 from fedpipe.config.stages import check_sections, read_seed
 from fedpipe.data import Dataset
-from fedpipe.models import MODELS, build_model
+from fedpipe.models import build_model
 from fedpipe.pipeline.inputs import (  # noqa: F401  (re-exported: the training stages' inputs)
     PARTITION_PATH,
     clients_of,
@@ -43,17 +43,6 @@ class TrainConfig:
     params_read: dict
 
 
-def check_model(cfg: ModelConfig, prefix: str = "model") -> None:
-    if cfg.name not in MODELS:
-        raise ConfigError(f"{prefix}.name", cfg.name, "one of " + ", ".join(sorted(MODELS)))
-    options = set(inspect.signature(MODELS[cfg.name]).parameters) - {"self", "in_shape",
-                                                                     "num_classes"}
-    for key in cfg.kwargs:
-        if key not in options:
-            raise ConfigError(f"{prefix}.kwargs.{key}", cfg.kwargs[key],
-                              f"options of model {cfg.name}: {', '.join(sorted(options))}")
-
-
 def parse_run_seed(run_seed: int | str) -> int:
     """A stage's seed argument (one of ``study.seeds``)."""
     if isinstance(run_seed, str):
@@ -70,11 +59,11 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     seed = read_seed(params)
     ds = dataset_config(params.get("dataset"))
     model = model_config(params.get("model"))
-    check_model(model)
+    check_model(model, "model", ds.in_shape(), ds.num_classes())
     fl = fl_config(params.get("fl"))
     study = build(StudyConfig, params.get("study"), "study")
     check_algorithms(study.algorithms, "study.algorithms")
-    algos = params.get("algorithms") or {}
+    algos = check_algorithm_sections(params.get("algorithms"))
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
     run = seed if run_seed is None else parse_run_seed(run_seed)
     read = {"seed": seed, "run_seed": run, "dataset": params.get("dataset"),

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from fedpipe.config.diffusion import DiffusionStageConfig, FIDConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, FIDConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, DatasetMeta, load_dataset
 from fedpipe.fl.local import local_train
@@ -91,6 +91,7 @@ def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
                       progress: bool = True) -> dict:
     """Train the classifier, cache the reference statistics; returns the stage's metrics."""
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     ds = load_dataset(cfg.dataset)
     device = resolve_device(cfg.fid.device)
     clf = train_classifier(cfg.fid, ds.meta, ClientData(ds.train.x, ds.train.y), cfg.seed, device,
@@ -116,13 +117,22 @@ def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
             "outputs": {str(out / "reference.safetensors"): md5_file(out / "reference.safetensors")}}
 
 
+def check_fid_inputs(fid_dir: str | Path = FID_DIR) -> None:
+    """The feature_extractor stage's files are there and readable (InputError otherwise); the
+    stages that score call it before any compute."""
+    from fedpipe.io import check_input
+    from fedpipe.metrics.fid import META_KEY as REFERENCE_KEY
+
+    check_input(Path(fid_dir) / "classifier.safetensors", "feature_extractor", metadata=META_KEY)
+    check_input(Path(fid_dir) / "reference.safetensors", "feature_extractor",
+                metadata=REFERENCE_KEY)
+
+
 def load_fid_tools(cfg: FIDConfig, meta: DatasetMeta, seed: int, fid_dir: str | Path = FID_DIR
                    ) -> FIDTools:
     """The FID object, reference and classifier written by the feature_extractor stage."""
     d = Path(fid_dir)
-    for f in ("classifier.safetensors", "reference.safetensors"):
-        if not (d / f).is_file():
-            raise FileNotFoundError(f"missing {d / f} (run `dvc repro feature_extractor`)")
+    check_fid_inputs(d)
     saved = read_metadata(d / "classifier.safetensors", META_KEY) or {}
     if saved.get("model") != cfg.classifier.name:
         raise ValueError(f"{d / 'classifier.safetensors'} holds a {saved.get('model')!r} classifier, "

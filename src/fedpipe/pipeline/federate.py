@@ -32,7 +32,7 @@ from fedpipe.pipeline.common import (
     make_model,
 )
 from fedpipe.pipeline.inputs import checkpoint_dir
-from fedpipe.pipeline.server_data import SERVER_DATA_DIR, load_server_data
+from fedpipe.pipeline.server_data import SERVER_DATA_DIR, check_server_data, load_server_data
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,9 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     that declares server data gets it from ``server_data_dir`` (the ``server_data`` stage)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
     part = load_partition(partition_path)
+    kind = ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg)
+    if kind != "none":  # every input is readable before any compute
+        check_server_data(kind, server_data_dir)
     ds = load_dataset(cfg.dataset)
     clients = clients_of(ds, part)
     task = ClassificationTask()

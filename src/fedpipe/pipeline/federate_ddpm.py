@@ -27,10 +27,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms
+from fedpipe.algorithms import (
+    ALGORITHMS,
+    algorithm_config,
+    check_algorithm_sections,
+    check_algorithms,
+)
 from fedpipe.config import dataset_config
 from fedpipe.config.core import build
-from fedpipe.config.diffusion import DiffusionConfig, FIDConfig, diffusion_config, fid_config
+from fedpipe.config.diffusion import (
+    DiffusionConfig,
+    FIDConfig,
+    check_diffusion_models,
+    check_diffusion_track,
+    diffusion_config,
+    fid_config,
+)
 from fedpipe.config.fl import FLConfig, StudyConfig, fl_config
 from fedpipe.config.stages import check_sections, read_seed
 from fedpipe.data import ClientData, load_dataset
@@ -45,9 +57,9 @@ from fedpipe.pipeline.diffusion import (
     params_fingerprint,
     resolve_device,
 )
-from fedpipe.pipeline.feature_extractor import FIDTools, load_fid_tools
+from fedpipe.pipeline.feature_extractor import FIDTools, check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.federate import plot_history, run_dir, save_run
-from fedpipe.pipeline.generate import load_aux, plot_grid, requested_labels
+from fedpipe.pipeline.generate import check_aux, load_aux, plot_grid, requested_labels
 from fedpipe.pipeline.inputs import checkpoint_dir
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask
@@ -83,9 +95,11 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
     diff = diffusion_config(params.get("diffusion"))
     fl = fl_config(params.get("diffusion_fl"), "diffusion_fl")
     fid = fid_config(params.get("fid"))
+    check_diffusion_track(ds, diff, fid)
+    check_diffusion_models(ds, diff, fid)
     study = build(StudyConfig, params.get("study"), "study")
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
-    algos = params.get("algorithms") or {}
+    algos = check_algorithm_sections(params.get("algorithms"))
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
     read = {"seed": params.get("seed", 0), "run_seed": seed, "dataset": params.get("dataset"),
             "diffusion": params.get("diffusion"),
@@ -125,6 +139,9 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
     part = load_partition(partition_path)
+    check_fid_inputs(fid_dir)  # every input is readable before any compute
+    if ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg) != "none":
+        check_aux(aux_path)
     ds = load_dataset(cfg.dataset)
     clients = clients_of(ds, part)
     device = resolve_device(cfg.diffusion.device)
@@ -160,7 +177,7 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
                            checkpoint_dir=checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}"),
                            fingerprint=fp, stop_after=stop_after,
                            server_data=server_data, score=score, on_round=on_round,
-                           progress=progress)
+                           progress=progress, section="diffusion_fl")
     seconds = time.perf_counter() - t0
     model = strategy.global_model(result.state).to(device)
     x = sample_images(task, model, cfg.fid.num_samples, cfg, class_counts,

@@ -23,11 +23,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedpipe.config.diffusion import DiffusionStageConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, check_diffusion_models
 from fedpipe.data import apportion, load_dataset
+from fedpipe.errors import DivergenceError, InputError
+from fedpipe.fl.state import all_finite
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_json
 from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet, resolve_device
-from fedpipe.pipeline.inputs import PARTITION_PATH, load_partition
+from fedpipe.pipeline.inputs import PARTITION_PATH, check_input, load_partition
 from fedpipe.pipeline.warmup import client_path
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
 from fedpipe.rng import torch_generator
@@ -35,6 +37,7 @@ from fedpipe.rng import torch_generator
 log = logging.getLogger(__name__)
 
 META_KEY = "fedpipe.aux"
+AUX_KEYS = ("images", "labels", "client")
 
 
 @dataclass(frozen=True)
@@ -60,9 +63,16 @@ def requested_labels(n: int, class_counts: np.ndarray) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(per_class)), torch.from_numpy(per_class))
 
 
+def check_aux(path: str | Path) -> None:
+    """The auxiliary set at ``path`` is there and readable (InputError naming `dvc repro
+    generate` otherwise); the stages that read it call this before any compute."""
+    check_input(path, "generate", AUX_KEYS)
+
+
 def load_aux(path: str | Path) -> AuxSet:
     from fedpipe.io import read_metadata
 
+    check_aux(path)
     t = load_tensors(path)
     return AuxSet(t["images"], t["labels"], t["client"], read_metadata(path, META_KEY) or {})
 
@@ -88,12 +98,26 @@ def _sample_client(job: tuple, device: torch.device | str = "cpu") -> tuple[int,
     cfg, meta, cid, n, y, path = job
     g = cfg.generate
     steps = cfg.diffusion.num_train_timesteps if g.sampler == "ddpm" else g.ddim_steps
+    weights = load_tensors(path)
+    if not all_finite(weights):
+        raise DivergenceError(f"generate: client {cid}'s warm-up model {path} holds non-finite "
+                              "weights (its warm-up diverged); nothing is written. Run "
+                              "`dvc repro warmup` with a lower warmup.lr or a warmup.grad_clip")
     model = make_unet(cfg.diffusion, meta, cfg.seed, "warmup-init", cid)
-    model.load_state_dict(load_tensors(path))
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:  # other shapes: a model of other params
+        raise InputError(path, f"not a model of these diffusion params ({str(e).splitlines()[0]})",
+                         "warmup") from None
     model.to(device)
     x = make_task(cfg.diffusion).sample(model, n, labels=y, sampler=g.sampler, steps=steps,
                                         generator=torch_generator(cfg.seed, "generate", cid),
                                         batch_size=g.batch_size)
+    if not bool(torch.isfinite(x).all()):  # never a non-finite sample set
+        raise DivergenceError(f"generate: client {cid}'s warm-up model gave non-finite samples "
+                              f"({g.sampler}, {steps} steps); nothing is written. Its warm-up "
+                              "model is unusable: run `dvc repro warmup` with a lower warmup.lr "
+                              "or a warmup.grad_clip")
     return cid, x
 
 
@@ -102,11 +126,15 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
              progress: bool = True) -> dict:
     """Sample the auxiliary set from the warm-up models; returns the stage metrics."""
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     part = load_partition(partition_path)
-    ds = load_dataset(cfg.dataset)
-    device = resolve_device(cfg.diffusion.device)
     g = cfg.generate
     counts = aux_counts(part.sizes(), g.ratio)
+    for cid, n in enumerate(counts.tolist()):  # every input is readable before any compute
+        if n > 0:
+            check_input(client_path(Path(warmup_dir) / "models", cid), "warmup")
+    ds = load_dataset(cfg.dataset)
+    device = resolve_device(cfg.diffusion.device)
     steps = cfg.diffusion.num_train_timesteps if g.sampler == "ddpm" else g.ddim_steps
     train_y = ds.train.y.numpy()
     images, labels, owner, sources = [], [], [], {}
@@ -116,8 +144,6 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
         if n == 0:
             continue
         path = client_path(Path(warmup_dir) / "models", cid)
-        if not path.is_file():
-            raise FileNotFoundError(f"generate: missing warm-up model {path} (run `dvc repro warmup`)")
         y = None
         if cfg.diffusion.conditional:
             y = requested_labels(n, np.bincount(train_y[part.train[cid]], minlength=ds.meta.num_classes))

@@ -8,17 +8,20 @@ import hashlib
 import json
 from pathlib import Path
 
-from fedpipe.config import ConfigError
 from fedpipe.data import ClientData, Dataset, Partition, client_data
-from fedpipe.io import md5_file
+from fedpipe.io import (  # noqa: F401  (re-exported: the stages' input checks)
+    check_input,
+    md5_file,
+    safetensors_problem,
+    set_aside,
+)
 
 PARTITION_PATH = "data/partition/partition.safetensors"
+PARTITION_KEYS = ("train_indices", "train_offsets", "test_indices", "test_offsets")
 
 
 def load_partition(path: str | Path = PARTITION_PATH) -> Partition:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError("partition_file", str(path), "an existing partition (run `dvc repro partition`)")
+    check_input(path, "partition", PARTITION_KEYS, "fedpipe.partition")
     return Partition.load(path)
 
 

@@ -17,14 +17,18 @@ from typing import Any
 
 import torch
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms
-from fedpipe.config import ConfigError
+from fedpipe.algorithms import (
+    ALGORITHMS,
+    algorithm_config,
+    check_algorithm_sections,
+    check_algorithms,
+)
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.config.stages import check_sections
 from fedpipe.data import ClientData
 from fedpipe.fl import ServerData
-from fedpipe.io import load_tensors, md5_file, read_json, save_tensors, write_json
+from fedpipe.io import check_input, load_tensors, md5_file, read_json, save_tensors, write_json
 
 SERVER_DATA_DIR = Path("data/server_data")
 MANIFEST = "manifest.json"
@@ -35,7 +39,7 @@ def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
     check_sections(params)
     study = build(StudyConfig, params.get("study"), "study")
     check_algorithms(study.algorithms, "study.algorithms")
-    algos = params.get("algorithms") or {}
+    algos = check_algorithm_sections(params.get("algorithms"))
     kinds: dict[str, list[str]] = {}
     for name in study.algorithms:
         kind = ALGORITHMS[name].server_data_kind(algorithm_config(name, algos.get(name)))
@@ -50,10 +54,7 @@ def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
     out = Path(out_dir)
     manifest: dict[str, Any] = {"kinds": {}}
     if kinds:
-        if not Path(aux_path).is_file():
-            raise ConfigError("study.algorithms", sorted(a for v in kinds.values() for a in v),
-                              f"methods whose server data exists: {aux_path} is missing "
-                              "(run `dvc repro generate`)")
+        check_input(aux_path, "generate", ("images", "labels", "client"))
         aux = load_tensors(aux_path)  # the generate stage's file: images, labels (-1 = none), client
         for kind, users in sorted(kinds.items()):
             labels = aux["labels"] if kind == "aux" else torch.full_like(aux["labels"], -1)
@@ -69,13 +70,16 @@ def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
     return manifest
 
 
+def check_server_data(kind: str, root: str | Path = SERVER_DATA_DIR) -> None:
+    """The server data of ``kind`` is there and readable (InputError otherwise); called before any
+    compute by the federate stage of a method that declares it."""
+    check_input(Path(root) / f"{kind}.safetensors", "server_data", ("images", "labels"))
+
+
 def load_server_data(kind: str, who: str, root: str | Path = SERVER_DATA_DIR) -> ServerData:
     """The server data of ``kind`` written by the ``server_data`` stage (``who`` needs it)."""
     path = Path(root) / f"{kind}.safetensors"
-    if not path.is_file():
-        raise ConfigError(f"algorithms.{who}.server_data", kind,
-                          f"server data the pipeline wrote: {path} is missing "
-                          "(run `dvc repro server_data`)")
+    check_server_data(kind, root)
     t = load_tensors(path)
     labelled = bool((t["labels"] >= 0).all())
     manifest = Path(root) / MANIFEST

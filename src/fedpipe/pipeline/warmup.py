@@ -33,11 +33,23 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig
+from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
+from fedpipe.errors import DivergenceError
 from fedpipe.fl.local import local_train
-from fedpipe.io import md5_file, read_metadata, save_figure, save_tensors, write_bytes, write_csv, write_json
+from fedpipe.fl.state import all_finite
+from fedpipe.io import (
+    md5_file,
+    read_metadata,
+    safetensors_problem,
+    save_figure,
+    save_tensors,
+    set_aside,
+    write_bytes,
+    write_csv,
+    write_json,
+)
 from fedpipe.pipeline.diffusion import (
     WARMUP_DIR,
     make_task,
@@ -73,14 +85,27 @@ def local_config(cfg: WarmupConfig) -> LocalTrainConfig:
                             lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
 
 
+def diverged(client: int | None, epoch: int, what: str, cfg: WarmupConfig) -> DivergenceError:
+    who = f"client {client}" if client is not None else "a client"
+    return DivergenceError(
+        f"warm-up diverged: {who}, epoch {epoch}: {what}; nothing of this client is written. "
+        f"Settings in play: warmup.lr={cfg.lr}, warmup.optimizer={cfg.optimizer}, "
+        f"warmup.weight_decay={cfg.weight_decay}, warmup.grad_clip={cfg.grad_clip}")
+
+
 def train_client_ddpm(model: torch.nn.Module, data: ClientData, task: DiffusionTask,
                       cfg: WarmupConfig, gen: torch.Generator, *, ema_decay: float | None = None,
-                      on_step: Callable[[], None] | None = None
+                      on_step: Callable[[], None] | None = None, client: int | None = None
                       ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train one client's DDPM through the shared local loop; returns (weights to keep, per-epoch
     mean losses). The weights are the EMA weights (diffusers' ``EMAModel``, with its warm-up of the
-    decay) when ``ema_decay`` is set."""
+    decay) when ``ema_decay`` is set.
+
+    Divergence guard (as in federated rounds): after every epoch its losses are checked (one host
+    sync per epoch), and the weights before they are returned; a non-finite value stops the
+    warm-up with a :class:`DivergenceError` naming ``client`` and the epoch."""
     step_losses: list[torch.Tensor] = []
+    per_epoch = math.ceil(len(data) / cfg.batch_size)
 
     def loss_fn(m: torch.nn.Module, batch) -> torch.Tensor:
         loss = task.loss(m, batch, gen)
@@ -95,19 +120,38 @@ def train_client_ddpm(model: torch.nn.Module, data: ClientData, task: DiffusionT
             ema_hook(m)
         if on_step is not None:
             on_step()
+        if len(step_losses) % per_epoch == 0:  # an epoch ended
+            epoch = torch.stack(step_losses[-per_epoch:])
+            if not bool(torch.isfinite(epoch).all()):
+                bad = epoch[~torch.isfinite(epoch)][0].item()
+                raise diverged(client, len(step_losses) // per_epoch, f"non-finite loss ({bad})",
+                               cfg)
 
     local_train(model, data, task, local_config(cfg), 0, gen, loss_fn=loss_fn, step_hook=step_hook)
-    per_epoch = math.ceil(len(data) / cfg.batch_size)
     epoch_losses = torch.stack(step_losses).double().view(cfg.epochs, per_epoch).mean(1).tolist()
     with ema_weights(ema, model) if ema is not None else contextlib.nullcontext(model):
         weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    if not all_finite(weights):
+        raise diverged(client, cfg.epochs, "non-finite weights", cfg)
     return weights, epoch_losses
 
 
-def _finished(path: Path, fingerprint: str) -> dict | None:
+def _finished(path: Path, fingerprint: str, aside: Path) -> dict | None:
+    """The metadata of a finished client's model matching ``fingerprint`` (else None). A file that
+    cannot be read (a truncated or corrupt persisted model) is set aside into ``aside``, with a
+    log line, and the client is trained afresh."""
     if not path.is_file():
         return None
-    meta = read_metadata(path, META_KEY)
+    problem = safetensors_problem(path)
+    meta = None
+    if problem is None:
+        try:
+            meta = read_metadata(path, META_KEY)
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            problem = f"unreadable metadata ({e})"
+    if problem is not None:
+        set_aside(path, problem, aside)
+        return None
     return meta if meta and meta.get("fingerprint") == fingerprint else None
 
 
@@ -136,7 +180,7 @@ def _train_client_job(job: tuple) -> tuple[int, dict[str, torch.Tensor], list[fl
     model = make_unet(cfg.diffusion, meta, cfg.seed, "warmup-init", cid)
     weights, client_losses = train_client_ddpm(model, data, make_task(cfg.diffusion), cfg.warmup,
                                                torch_generator(cfg.seed, "warmup", cid),
-                                               ema_decay=cfg.diffusion.ema_decay)
+                                               ema_decay=cfg.diffusion.ema_decay, client=cid)
     return cid, weights, client_losses
 
 
@@ -148,6 +192,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
     train clients side by side on the CPU, one thread each (default :func:`worker_count`, from
     ``FEDPIPE_WORKERS``); 1 trains them one after the other in this process."""
     out = Path(out_dir)
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     models_dir = out / "models"
     resume_dir = checkpoint_dir(out, "models")  # each finished client, as soon as it is done
     resume_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +212,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
                mininterval=1.0)
     todo: list[int] = []
     for cid, data in enumerate(clients):
-        done = _finished(client_path(resume_dir, cid), fp)
+        done = _finished(client_path(resume_dir, cid), fp, resume_dir.parent / "corrupt")
         if done is not None:
             losses[cid] = done["losses"]
             bar.update(steps_per_client[cid])
@@ -196,7 +241,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
             with one_thread() if device.type == "cpu" else contextlib.nullcontext():
                 weights, client_losses = train_client_ddpm(
                     model, clients[cid], task, cfg.warmup, torch_generator(cfg.seed, "warmup", cid),
-                    ema_decay=cfg.diffusion.ema_decay, on_step=lambda: bar.update(1))
+                    ema_decay=cfg.diffusion.ema_decay, on_step=lambda: bar.update(1), client=cid)
             save(cid, weights, client_losses)
     else:
         bar.set_description(f"warm-up ({n_workers} processes)")
