@@ -71,8 +71,10 @@ def skip_if_unused(stage: str, plan: str | Path = DIFFUSION_PLAN,
     """If the plan says the study does not use ``stage``, write its placeholders and return True.
 
     Without a plan file (the script run by hand, outside ``dvc repro``) the stage runs."""
+    if not Path(plan).is_file() or not Path(dvc_yaml).is_file():  # run by hand: run as asked
+        return False
     outputs = stage_outputs(stage, dvc_yaml)
-    if not Path(plan).is_file() or read_json(plan).get("run", True):  # no plan: run as asked
+    if read_json(plan).get("run", True):
         for out in outputs:  # a folder that held a placeholder is the real output again
             if not Path(out).suffix:
                 (Path(out) / SKIPPED_FILE).unlink(missing_ok=True)
