@@ -1,7 +1,7 @@
 """DVC stage `server_data`: the typed server data the study's classification methods declare
 (`algorithms.<name>.server_data`), written from the auxiliary set; see fedpipe.pipeline.server_data.
 
-Reads params: study, algorithms; data/generate/aux.safetensors. Writes data/server_data/.
+Reads params: study, algorithms, dataset (the ``holdout`` kind); data/generate/aux.safetensors. Writes data/server_data/.
 """
 
 from fedpipe.cli import run_stage
@@ -17,10 +17,16 @@ def main() -> None:
     params = load_params()
     kinds = needed_kinds(params)  # validates before any data is loaded
     read = {"study.algorithms": (params.get("study") or {}).get("algorithms"),
-            "algorithms": params.get("algorithms")}
+            "algorithms": params.get("algorithms"), "dataset": params.get("dataset")}
     with stage_run("server_data", read, read_seed(params)) as run:
-        manifest = write_server_data(kinds, AUX_FILE)
-        if kinds:
+        holdout = None
+        if "holdout" in kinds:
+            from fedpipe.config import dataset_config
+            from fedpipe.data import load_dataset
+
+            holdout = load_dataset(dataset_config(params.get("dataset"))).holdout
+        manifest = write_server_data(kinds, AUX_FILE, holdout=holdout)
+        if set(kinds) - {"holdout"}:
             run.log_file_hashes("input", {str(AUX_FILE): md5_file(AUX_FILE)})
         run.log_tags({f"server_data.{k}": ",".join(v["algorithms"])
                       for k, v in manifest["kinds"].items()})

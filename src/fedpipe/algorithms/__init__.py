@@ -20,6 +20,7 @@ from fedpipe.algorithms.fedbabu import FedBABU
 from fedpipe.algorithms.fedbn import FedBN
 from fedpipe.algorithms.feddc import FedDC
 from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
+from fedpipe.algorithms.feddf import FedDF
 from fedpipe.algorithms.feddyn import FedDyn
 from fedpipe.algorithms.fednh import FedNH
 from fedpipe.algorithms.fedper import FedPer
@@ -35,6 +36,7 @@ from fedpipe.algorithms.local import Local
 from fedpipe.algorithms.mofedsam import MoFedSAM
 from fedpipe.algorithms.pfedme import PFedMe
 from fedpipe.algorithms.pow_d import PowD
+from fedpipe.algorithms.perada import PerAda, PerAdaNoKD
 from fedpipe.algorithms.scaffold import Scaffold
 from fedpipe.config import ConfigError, build
 from fedpipe.fl import Strategy
@@ -73,6 +75,9 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "fednh": FedNH,
     "fedbabu": FedBABU,
     "fedproto": FedProto,
+    "perada": PerAda,
+    "perada_nokd": PerAdaNoKD,
+    "feddf": FedDF,
 }
 
 

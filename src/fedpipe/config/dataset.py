@@ -36,23 +36,29 @@ class DigitsConfig(DatasetConfig):
 
     The official data has no train/test split; fedpipe makes one stratified split with
     ``sklearn.model_selection.train_test_split(test_size=test_fraction, random_state=split_seed)``,
-    fixed by these two params and independent of the experiment seed.
+    fixed by these two params and independent of the experiment seed. ``holdout_fraction`` > 0
+    holds a stratified slice of the training pool out of the clients' data (same split seed): the
+    ``holdout`` server data (unlabelled distillation images, PerAda / FedDF).
     """
 
     name: str = "digits"
     test_fraction: float = 0.25
     split_seed: int = 0
+    holdout_fraction: float = 0.0
 
     def validate(self, p: str) -> None:
         check(0.05 <= self.test_fraction <= 0.5, f"{p}.test_fraction", self.test_fraction,
               "a number in [0.05, 0.5]")
         check(self.split_seed >= 0, f"{p}.split_seed", self.split_seed, "an integer >= 0")
+        check(0 <= self.holdout_fraction <= 0.5, f"{p}.holdout_fraction", self.holdout_fraction,
+              "a number in [0, 0.5]")
 
     def num_classes(self) -> int:
         return 10
 
     def train_size(self) -> int:
-        return DIGITS_TOTAL - math.ceil(self.test_fraction * DIGITS_TOTAL)
+        pool = DIGITS_TOTAL - math.ceil(self.test_fraction * DIGITS_TOTAL)
+        return pool - (math.ceil(self.holdout_fraction * pool) if self.holdout_fraction > 0 else 0)
 
     def in_shape(self) -> tuple[int, int, int]:
         return (1, 8, 8)

@@ -122,13 +122,17 @@ class StudyConfig:
     them. A classification algorithm that declares server data (FedDDPM: the auxiliary set, which
     must then be labelled: ``diffusion.conditional: true``) gets it from the ``server_data`` stage.
     ``paper_reference`` (e.g. ``mnist/15_shard``) prints that column of the FedDDPM paper's
-    Tables I-III beside our numbers in the report."""
+    Tables I-III beside our numbers in the report. ``corruptions`` (names of
+    ``fedpipe.data.corruptions.CORRUPTIONS``) adds accuracy on corrupted copies of the test set to
+    the evaluation (mean over ``severities``, then over the corruptions; PerAda's CIFAR-10-C)."""
 
     name: str = "default"
     algorithms: list[str] = field(default_factory=lambda: ["fedavg"])
     diffusion_algorithms: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0])
     paper_reference: str | None = None
+    corruptions: list[str] = field(default_factory=list)
+    severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
 
     def validate(self, p: str) -> None:
         check(len(self.algorithms) >= 1, f"{p}.algorithms", self.algorithms, "a non-empty list")
@@ -138,6 +142,13 @@ class StudyConfig:
         check(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds)
               and min(self.seeds) >= 0, f"{p}.seeds", self.seeds,
               "a non-empty list of distinct integers >= 0")
+        if self.corruptions:
+            from fedpipe.data.corruptions import CORRUPTIONS, SEVERITIES
+
+            for c in self.corruptions:
+                check(c in CORRUPTIONS, f"{p}.corruptions", c, "one of " + ", ".join(CORRUPTIONS))
+            check(len(self.severities) >= 1 and set(self.severities) <= set(SEVERITIES),
+                  f"{p}.severities", self.severities, f"a non-empty subset of {list(SEVERITIES)}")
         if self.paper_reference is not None:
             from fedpipe.reference import COLUMNS, FEDDDPM_FID
 

@@ -49,6 +49,9 @@ class Dataset:
     train: Split
     test: Split
     meta: DatasetMeta
+    holdout: Split | None = None
+    """A slice of the training pool held out of ``train`` (never partitioned to clients): server
+    data (``holdout``, unlabelled distillation images). ``digits`` with ``holdout_fraction > 0``."""
 
 
 def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -67,13 +70,19 @@ def load_digits(cfg: DigitsConfig) -> Dataset:
     y = bunch.target.astype(np.int64)
     idx_train, idx_test = train_test_split(
         np.arange(len(y)), test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=y)
+    holdout = None
+    if cfg.holdout_fraction > 0:  # a stratified slice of the training pool, same split seed
+        idx_train, idx_hold = train_test_split(idx_train, test_size=cfg.holdout_fraction,
+                                               random_state=cfg.split_seed, stratify=y[idx_train])
+        idx_hold.sort()
+        holdout = Split(torch.from_numpy(x[idx_hold]).unsqueeze(1), torch.from_numpy(y[idx_hold]))
     idx_train.sort()
     idx_test.sort()
     train = Split(torch.from_numpy(x[idx_train]).unsqueeze(1), torch.from_numpy(y[idx_train]))
     test = Split(torch.from_numpy(x[idx_test]).unsqueeze(1), torch.from_numpy(y[idx_test]))
     mean, std = _channel_stats(train.x)
     meta = DatasetMeta("digits", 10, (1, 8, 8), mean, std, tuple(str(i) for i in range(10)))
-    return Dataset(train, test, meta)
+    return Dataset(train, test, meta, holdout)
 
 
 def load_synthetic(cfg: SyntheticConfig) -> Dataset:

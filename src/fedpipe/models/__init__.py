@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import nn
 
+from fedpipe.models.adapters import ResNet8
 from fedpipe.models.classifiers import (
     MLP,
     Classifier,
@@ -28,8 +29,9 @@ MODELS: dict[str, Callable[..., Classifier]] = {
     "lenet": LeNet,  # Equitable-FL, CIFAR-10 CNN (PyTorch-tutorial LeNet-5)
     "cnn_fednh": CNNFedNH,  # FedNH / FedROD CIFAR CNN (Conv2Cifar)
     "convnet": ConvNet,  # FedPTR, MTT ConvNet-128 depth 3
-    "resnet18": ResNet18,  # CIFAR-style ResNet-18 (torchvision)
+    "resnet18": ResNet18,  # CIFAR-style ResNet-18 (torchvision); stem=imagenet for PerAda
     "cnn_cifar100": CNNCifar100,  # Equitable-FL, CIFAR-100 5-conv CNN
+    "resnet8": ResNet8,  # small ResNet (one BasicBlock per stage) for CPU smoke studies (PerAda)
 }
 
 
@@ -62,6 +64,7 @@ __all__ = [
     "NoisePredictor",
     "Normalize",
     "ResNet18",
+    "ResNet8",
     "build_model",
     "build_unet",
 ]

@@ -209,18 +209,25 @@ class ResNet18(Classifier):
     §4.2: CIFAR-style, GroupNorm with 2 groups following FedDF). ``norm="batch"`` (torchvision's
     default) or ``"group"`` (``GroupNorm(groups, c)``, ``groups=2`` as FedNH/FedDF; the common FL
     choice, no running statistics). The stem takes ``C`` input channels, so 1-channel images work.
+    ``stem="imagenet"`` keeps torchvision's ImageNet stem instead (7x7 stride-2 conv and 3x3 stride-2
+    max-pool): PerAda's backbone (spec 003 §2.2, also on 32x32 CIFAR inputs).
     """
 
     def __init__(self, in_shape: Shape, num_classes: int, *, norm: str = "batch", groups: int = 2,
-                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                 stem: str = "cifar", mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                  head_bias: bool = True) -> None:
         norms = {"batch": nn.BatchNorm2d, "group": partial(nn.GroupNorm, groups)}
         if norm not in norms:
             raise ValueError(f"resnet18 norm={norm!r} is not allowed; allowed: {sorted(norms)}")
+        if stem not in ("cifar", "imagenet"):
+            raise ValueError(f"resnet18 stem={stem!r} is not allowed; allowed: ['cifar', 'imagenet']")
         net = torchvision.models.resnet18(weights=None, norm_layer=norms[norm])
-        net.conv1 = nn.Conv2d(in_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
-        # re-initialise the new stem the way torchvision initialises every ResNet conv
-        nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
-        net.maxpool = nn.Identity()
+        if stem == "cifar" or in_shape[0] != 3:
+            k, s, p = (3, 1, 1) if stem == "cifar" else (7, 2, 3)
+            net.conv1 = nn.Conv2d(in_shape[0], 64, kernel_size=k, stride=s, padding=p, bias=False)
+            # re-initialise the new stem the way torchvision initialises every ResNet conv
+            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+        if stem == "cifar":
+            net.maxpool = nn.Identity()
         net.fc = nn.Identity()  # the head lives in Classifier.head
         super().__init__(in_shape, num_classes, net, mean, std, head_bias)

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fedpipe.config import ConfigError
 from fedpipe.data import load_dataset
+from fedpipe.data.corruptions import corrupted_test_sets
 from fedpipe.io import load_tensors, save_figure, write_csv, write_json, write_text
 from fedpipe.metrics import (
     client_accuracy_summary,
@@ -62,6 +64,12 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
                  ("personal_acc_worst10", "personal worst 10%"), ("pm_v_mean", "PM(V)"),
                  ("pm_l_mean", "PM(L)")]
     cols += [c for c in FAIRNESS_COLUMNS if any(c[0] in m for m in metrics.values())]
+    if any("personal_global_mean" in m for m in metrics.values()):
+        cols += [("personal_global_mean", "personal Global-test")]
+    if any("corrupt_accuracy" in m for m in metrics.values()):
+        cols += [("corrupt_accuracy", "global corrupted")]
+    if any("personal_corrupt_mean" in m for m in metrics.values()):
+        cols += [("personal_corrupt_mean", "personal corrupted")]
     cols.append(("final_train_loss", "train loss"))
     seeds = int(max(m.get("seeds", 1) for m in metrics.values()))
     lines = [f"# {title}", "", "| algorithm | " + " | ".join(c[1] for c in cols) + " |",
@@ -89,7 +97,10 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
               "mean of the lowest tenth. Generic columns evaluate the global model; personalized ones "
               "each client's own model (methods with personal models only); PM(V) / PM(L) are FedNH's: each "
               "client's own model on the global test set, weighted equally over the classes it owns / "
-              "by its label distribution."]
+              "by its label distribution. Personal Global-test: each client's own model on the whole "
+              "test set (PerAda's Global-test), mean over clients; corrupted: accuracy on corrupted "
+              "copies of the test set, mean over severities then corruptions (study.corruptions), of "
+              "the global model and (mean over clients) of the clients' own models."]
     if any("sigma_acc_global" in m for m in metrics.values()):
         lines += ["", "Equitable-FL's metrics (spec 002 §3.6): σ_acc(g) = √(mean_i (Acc_i − Acc_global)²) "
                   "and σ_acc(s) = std_i Acc_i of the final global model over the clients' local test "
@@ -211,8 +222,21 @@ SUMMARY_KEYS = ("test_accuracy", "test_accuracy_last5", "test_loss", "client_acc
                 "personal_acc_std", "personal_acc_worst10", "personal_acc_best10", "final_train_loss")
 
 
-def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_counts: np.ndarray
-                 ) -> tuple[dict, np.ndarray, np.ndarray | None]:
+def corrupted_accuracy(models: list, sets: dict[tuple[str, int], object], task) -> np.ndarray:
+    """Accuracy of each model on the corrupted test sets ``{(name, severity): Split}``: the mean
+    over severities, then over corruption names (one value per model)."""
+    names = sorted({n for n, _ in sets})
+    out = np.zeros(len(models))
+    with torch.inference_mode():
+        for i, m in enumerate(models):
+            per_name = [np.mean([float(task.correct(m, s.x, s.y).double().mean())
+                                 for (n, _), s in sets.items() if n == name]) for name in names]
+            out[i] = float(np.mean(per_name))
+    return out
+
+
+def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_counts: np.ndarray,
+                 corrupted: dict | None = None) -> tuple[dict, np.ndarray, np.ndarray | None]:
     """Metrics of one run (algorithm, seed): generic (the global model on the global test set and on
     each client's local test split) and, for a method with personal models, personalized (each
     client's own model on its split, and FedNH's PM(V) / PM(L): its model on the global test set
@@ -228,6 +252,8 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
          **client_accuracy_summary(generic), "final_train_loss": history[-1]["train_loss"],
          "sigma_acc_global": sigma_acc(generic, glob["accuracy"]),
          "sigma_acc_std": sigma_acc(generic, reading="std"), **history_means(history)}
+    if corrupted:
+        m["corrupt_accuracy"] = float(corrupted_accuracy([model], corrupted, task)[0])
     personal = load_personal(run, weights)
     own = None
     if personal:
@@ -243,6 +269,11 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
             pm = pm_accuracy(models, ds.test.x, ds.test.y, train_counts, mode, task)
             m[f"pm_{mode.lower()}_mean"] = float(np.nanmean(pm))
             m[f"pm_{mode.lower()}_client_std"] = float(np.nanstd(pm))  # across clients (FedNH Table 2)
+        with torch.inference_mode():  # Global-test: each own model on the whole test set
+            glob_own = [task.evaluate(pm, ds.test.x, ds.test.y)["accuracy"] for pm in models]
+        m["personal_global_mean"] = float(np.mean(glob_own))
+        if corrupted:
+            m["personal_corrupt_mean"] = float(np.mean(corrupted_accuracy(models, corrupted, task)))
     return m, generic, own
 
 
@@ -275,6 +306,10 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     local_tests = clients_of(ds, part, "test")
     train_counts = train_class_counts([c.y for c in clients_of(ds, part)], ds.meta.num_classes)
     task = ClassificationTask()
+    study = cfgs[0].study
+    corrupted = (corrupted_test_sets(ds, study.corruptions, study.severities,
+                                     int(cfgs[0].params_read.get("seed", 0)))
+                 if study.corruptions else None)
     seeds: dict[str, dict[int, dict[str, float]]] = {}
     per_client: dict[str, np.ndarray] = {}
     histories: dict[str, list[dict[str, float]]] = {}
@@ -282,7 +317,7 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     rows = []
     for cfg in cfgs:
         run = run_dir(fed, cfg.algorithm, cfg.seed)
-        m, generic, own = evaluate_run(cfg, run, ds, local_tests, task, train_counts)
+        m, generic, own = evaluate_run(cfg, run, ds, local_tests, task, train_counts, corrupted)
         seeds.setdefault(cfg.algorithm, {})[cfg.seed] = m
         shown = own if own is not None else generic
         per_client[cfg.algorithm] = np.concatenate([per_client.get(cfg.algorithm, np.empty(0)),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,11 @@ import torch
 from fedpipe.algorithms import ALGORITHMS
 from fedpipe.config import ConfigError
 from fedpipe.data import ClientData, load_dataset
-from fedpipe.fl import RunResult, run_federated
+from fedpipe.fl import RunResult, Strategy, run_federated
 from fedpipe.fl.state import Weights
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_csv, write_json
 from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss, sigma_acc
+from fedpipe.models.adapters import load_backbone
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
     PARTITION_PATH,
@@ -33,6 +34,7 @@ from fedpipe.pipeline.common import (
 )
 from fedpipe.pipeline.inputs import checkpoint_dir
 from fedpipe.pipeline.server_data import SERVER_DATA_DIR, check_server_data, load_server_data
+from fedpipe.rng import torch_seed
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)
@@ -180,6 +182,39 @@ def participant_disagreement(history: list[dict[str, float]], client_history: li
             rec["test_cd_pairs"] = client_disagreement(np.array(losses), normalization="pairs")
 
 
+def pretrain_backbone(cfg: TrainConfig, ds, clients: list[ClientData], out: Path,
+                      progress: bool = True) -> Weights:
+    """The plain model (no algorithm preparation) trained by FedAvg on the federation's clients for
+    ``algo_cfg.pretrain_rounds`` rounds (default ``fl.rounds``), with the run's ``fl`` settings and
+    the seed stream ``(seed, "backbone-pretrain")``; checkpointed under ``out/pretrain`` (resumable).
+    PerAda's offline backbone (the paper's Fig. 5 alternative to ImageNet weights)."""
+    plain = replace(cfg, algorithm="fedavg", algo_cfg=None)
+    rounds = getattr(cfg.algo_cfg, "pretrain_rounds", None) or cfg.fl.rounds
+    strategy = Strategy(ClassificationTask(), lambda: make_model(plain, ds), cfg.fl.local,
+                        aggregation=cfg.fl.aggregation, num_clients=len(clients))
+    result = run_federated(strategy, make_model(plain, ds), clients, replace(cfg.fl, rounds=rounds),
+                           torch_seed(cfg.seed, "backbone-pretrain"),
+                           checkpoint_dir=out / "pretrain",
+                           fingerprint=fingerprint_of({**cfg.params_read, "pretrain": rounds}),
+                           progress=progress)
+    return result.state.weights
+
+
+def backbone_of(cfg: TrainConfig, ds, clients: list[ClientData], out: Path, progress: bool
+                ) -> tuple[Weights | None, dict[str, str]]:
+    """The frozen backbone an algorithm asks for (its config's ``backbone``: ``none``, ``fedavg`` or a
+    safetensors path) and the input files it read (for lineage)."""
+    backbone = getattr(cfg.algo_cfg, "backbone", "none")
+    if backbone == "none":
+        return None, {}
+    if backbone == "fedavg":
+        return pretrain_backbone(cfg, ds, clients, out, progress), {}
+    if not Path(backbone).is_file():
+        raise ConfigError(f"algorithms.{cfg.algorithm}.backbone", backbone,
+                          "none, fedavg or an existing .safetensors file (never downloaded)")
+    return load_tensors(backbone), {backbone: md5_file(backbone)}
+
+
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
              partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
              on_round: Callable[[dict[str, float]], None] | None = None,
@@ -207,6 +242,10 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         raise ConfigError("partition.scheme", part.meta["scheme"],
                           f"label_blocks ({cfg.algorithm} needs each client's planted group)")
     inputs = {str(partition_path): md5_file(partition_path)}
+    backbone, read = backbone_of(cfg, ds, clients, out, progress)
+    if backbone is not None:
+        load_backbone(model, backbone)
+        inputs |= read
     server_data = None
     kind = strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":

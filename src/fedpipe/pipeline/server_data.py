@@ -49,10 +49,21 @@ def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
-                      out_dir: str | Path = SERVER_DATA_DIR) -> dict[str, Any]:
-    """Write each needed kind from the auxiliary set; the manifest lists kinds and their users."""
+                      out_dir: str | Path = SERVER_DATA_DIR, holdout=None) -> dict[str, Any]:
+    """Write each needed kind from the auxiliary set (``holdout``: from the dataset's held-out
+    split ``holdout``, labels dropped); the manifest lists kinds and their users."""
     out = Path(out_dir)
     manifest: dict[str, Any] = {"kinds": {}}
+    if "holdout" in kinds:
+        if holdout is None or len(holdout) == 0:
+            raise ConfigError("dataset.holdout_fraction", 0,
+                              f"> 0 (digits): {', '.join(kinds['holdout'])} distil on the held-out "
+                              "real slice of the training pool")
+        save_tensors(out / "holdout.safetensors",
+                     {"images": holdout.x, "labels": torch.full_like(holdout.y, -1)})
+        manifest["kinds"]["holdout"] = {"algorithms": kinds["holdout"], "samples": len(holdout),
+                                        "labelled": False, "source": "dataset.holdout"}
+        kinds = {k: v for k, v in kinds.items() if k != "holdout"}
     if kinds:
         check_input(aux_path, "generate", ("images", "labels", "client"))
         aux = load_tensors(aux_path)  # the generate stage's file: images, labels (-1 = none), client

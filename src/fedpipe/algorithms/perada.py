@@ -1,0 +1,169 @@
+"""PerAda (Xie et al., CVPR 2024, "PerAda: Parameter-Efficient Federated Learning Personalization with
+Generalization Guarantees"; spec 003 §2): personalized FL with residual adapters on a frozen
+pretrained backbone u, and server-side ensemble distillation of the global adapter.
+
+The model is the study's ResNet with two adapters per BasicBlock (``fedpipe.models.adapters``); the
+"adapter" w, v_m, theta_m = adapters + the bn1/bn2 BNs + the head, everything else frozen. Algorithm 1:
+
+Client m in round t, given the global adapter w^t:
+
+    (Personal Obj)  v_m <- argmin_v  L_m(u, v) + lam ||v - w^t||^2       E epochs of SGD, v_m kept
+    (Global Obj)    theta_m <- argmin_theta L_m(u, theta), theta init w^t  E epochs of SGD, uploaded
+
+  lambda convention: the official code's, ``CE + lam * ||v - w||^2`` with no 1/2 (spec §2.3); the
+  paper's (lam_paper / 2) ||v - w||^2 has lam_paper = 2 lam. Both adapters use ``fl.local`` (epochs,
+  lr, batch size, SGD), v_m first, then theta_m, as the code does. Only theta_m is communicated.
+
+Server:
+
+    w^{t,0} = (1/|S_t|) sum_{m in S_t} theta_m^{t+1}                      (uniform, paper and code)
+    R steps:  w <- w - eta_g Adam( grad_w KL( softmax(mean_m f((u, theta_m), x)) || softmax(f((u, w), x)) ) )
+
+on batches of an unlabelled distillation set (server data ``distill``: the generated auxiliary set, or
+``holdout``: a held-out real slice), Adam with cosine decay over the R steps
+(:func:`fedpipe.algorithms.feddf.distill`). ``kd: false`` is "PerAda w/o KD" (w^{t+1} = w^{t,0}).
+Teachers are in eval mode (the official code leaves them in train mode, dropout and batch-stat BN on:
+spec §7.6); the student trains in train mode, as in the code. Not done: the code's selection of the
+KD checkpoint on a *labelled* server validation split (spec §2.5, not in the paper): the result is
+w^{t,R} as in Alg. 1.
+
+Evaluation: client m predicts with f((u, v_m), x) (``personalized_model``, the base class's: the
+global weights with the client's personal adapter; a never-selected client has v_m = w).
+
+Backbone (``backbone``): ``none`` (random init, Fig. 5's worst case), ``fedavg`` (the paper's Fig. 5
+alternative: the federate stage first trains the plain model with FedAvg on the federation's data for
+``pretrain_rounds`` rounds, then freezes it; offline default), or the path of a safetensors state dict
+(e.g. torchvision's ImageNet ResNet-18 weights converted with ``safetensors.torch.save_file``; never
+downloaded). The head is always freshly initialised (spec §2.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedpipe.algorithms.feddf import DistillConfig, distill_weights
+from fedpipe.config.core import check
+from fedpipe.data import ClientData
+from fedpipe.fl.local import local_train
+from fedpipe.fl.state import ClientUpdate, Payload, ServerState, trainable, weighted_average
+from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy, require_server_data
+from fedpipe.models.adapters import (
+    ADAPTER_DROPOUT,
+    ADAPTER_INIT_STD,
+    adapter_keys,
+    add_adapters,
+    freeze_backbone,
+)
+from fedpipe.tasks import Batch
+
+
+@dataclass(frozen=True)
+class PerAdaConfig(DistillConfig):
+    lam: float = 1.0
+    """lam in Personal Obj, code convention CE + lam ||v - w||^2 (paper's lam/2 form: lam_paper = 2
+    lam); Table 9, CIFAR-10: 1."""
+    kd: bool = True
+    """Server-side ensemble distillation of the global adapter (false: "PerAda w/o KD")."""
+    adapter_dropout: float = ADAPTER_DROPOUT
+    """Dropout inside each adapter (code default 0.3; spec §2.2)."""
+    adapter_init_std: float = ADAPTER_INIT_STD
+    """Std of the adapters' 1x1 conv init, N(0, std^2) (code: 1e-4; near identity)."""
+    backbone: str = "fedavg"
+    """Frozen backbone: ``none`` | ``fedavg`` (pretrained by FedAvg on the federation's data first;
+    the paper's Fig. 5 alternative, the offline default) | path of a safetensors state dict."""
+    pretrain_rounds: int | None = None
+    """FedAvg rounds of the ``fedavg`` backbone (the paper does not say; null = ``fl.rounds``)."""
+
+    def validate(self, p: str) -> None:
+        super().validate(p)
+        check(self.lam >= 0, f"{p}.lam", self.lam, "a number >= 0")
+        check(0 <= self.adapter_dropout < 1, f"{p}.adapter_dropout", self.adapter_dropout,
+              "a number in [0, 1)")
+        check(self.adapter_init_std >= 0, f"{p}.adapter_init_std", self.adapter_init_std,
+              "a number >= 0")
+        check(self.backbone in ("none", "fedavg") or self.backbone.endswith(".safetensors"),
+              f"{p}.backbone", self.backbone, "none, fedavg or the path of a .safetensors file")
+        check(self.pretrain_rounds is None or self.pretrain_rounds >= 1, f"{p}.pretrain_rounds",
+              self.pretrain_rounds, "null or an integer >= 1")
+
+
+@dataclass(frozen=True)
+class PerAdaNoKDConfig(PerAdaConfig):
+    kd: bool = False
+    """PerAda w/o KD (a registry alias so that a study can run both arms)."""
+
+
+class PerAda(Strategy):
+    name = "perada"
+    config_class = PerAdaConfig
+
+    # -- declarations ---------------------------------------------------------------------------
+    @classmethod
+    def adapt_model(cls, model: nn.Module, cfg: PerAdaConfig) -> nn.Module:
+        """The study's ResNet with adapters, backbone frozen (``Strategy.adapt_model``: the pipeline calls
+        this for every model of the run: training, evaluation)."""
+        add_adapters(model, cfg.adapter_dropout, cfg.adapter_init_std)
+        return freeze_backbone(model)
+
+    @classmethod
+    def server_data_kind(cls, cfg: PerAdaConfig) -> str:
+        return cfg.server_data if cfg.kd and cfg.kd_steps > 0 else "none"
+
+    def personal_keys(self, model: nn.Module) -> set[str]:
+        """The adapter set (adapters, bn1/bn2 BNs, head): v_m per client."""
+        return adapter_keys(model)
+
+    # -- client ---------------------------------------------------------------------------------
+    def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
+                      gen: torch.Generator, client_id: int = 0
+                      ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
+        lam = self.cfg.lam
+        # Personal Obj: v_m from its last value (w^t at the client's first round), proximal to w^t
+        model = self.scratch_model(self.local_weights(payload.weights, client_state))
+        params = trainable(model)
+        w_t = {n: payload.weights[n] for n in params}  # the proximal centre (not trained)
+
+        def personal_objective(m: nn.Module, batch: Batch) -> torch.Tensor:
+            proximal = sum(((p - w_t[n]) ** 2).sum() for n, p in params.items())
+            return self.task.loss(m, batch, gen) + lam * proximal
+
+        mp = local_train(model, data, self.task, self.local, payload.round, gen,
+                         loss_fn=personal_objective)
+        _, v_m = self.split_personal(self.scratch_weights())
+        # Global Obj: theta_m from w^t, plain task loss
+        model = self.scratch_model(payload.weights)
+        ml = local_train(model, data, self.task, self.local, payload.round, gen)
+        _, theta_m = self.split_personal(self.scratch_weights())
+        metrics = {"loss": ml["loss"], "steps": ml["steps"] + mp["steps"],
+                   "personal_loss": mp["loss"]}
+        return (ClientUpdate(client_id, len(data), theta_m, metrics=metrics),
+                {**client_state, "personal": v_m}, metrics)
+
+    # -- server ---------------------------------------------------------------------------------
+    def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        """w^{t,0}: the uniform average of the uploaded local adapters (paper and code)."""
+        if not rnd.updates:
+            return state
+        avg = weighted_average([u.weights for u in rnd.updates], [1.0] * len(rnd.updates))
+        return ServerState(weights={**state.weights, **avg}, extra=state.extra, meta=state.meta)
+
+    def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        """R steps of ensemble distillation of w from the round's local adapters."""
+        if not (self.cfg.kd and rnd.updates and self.cfg.distills_in(rnd.index)):
+            return state
+        data = require_server_data(rnd, self.name)
+        teachers = [{**state.weights, **u.weights} for u in rnd.updates]
+        weights, _ = distill_weights(self, state.weights, teachers, data, self.cfg,
+                                     rnd.generator("distill"))
+        return ServerState(weights=weights, extra=state.extra, meta=state.meta)
+
+
+class PerAdaNoKD(PerAda):
+    """PerAda w/o KD under its own registry name (``algorithms.perada_nokd``: kd false by default),
+    so that one study compares the two arms."""
+
+    name = "perada_nokd"
+    config_class = PerAdaNoKDConfig
