@@ -202,10 +202,10 @@ def judge_all(claims: Iterable[Claim],
 
 def paper_claims(study: StudyConfig) -> dict[str, list[Claim]]:
     """The registry: each paper's claims for ``study``. A later paper adds its module here."""
-    from fedpipe.claims import baselines, equitable, fedddpm, fednh, fedptr
+    from fedpipe.claims import baselines, equitable, fedddpm, fednh, fedptr, perada
 
     return {module.PAPER: module.claims(study)
-            for module in (fedddpm, baselines, fedptr, equitable, fednh)}
+            for module in (fedddpm, baselines, fedptr, equitable, fednh, perada)}
 
 
 def absent_papers(records: Iterable[Any]) -> dict[str, int]:

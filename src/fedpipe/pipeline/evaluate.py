@@ -222,6 +222,13 @@ SUMMARY_KEYS = ("test_accuracy", "test_accuracy_last5", "test_loss", "client_acc
                 "personal_acc_std", "personal_acc_worst10", "personal_acc_best10", "final_train_loss")
 
 
+def trainable_share(model) -> float:
+    """Trainable parameters over the parameters of the model without adapters (PerAda's Table 1
+    ratio: 1.41 M of 11.18 M; 1.0 for a method that trains the whole model)."""
+    base = sum(p.numel() for n, p in model.named_parameters() if ".adapter" not in n)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad) / base
+
+
 def corrupted_accuracy(models: list, sets: dict[tuple[str, int], object], task) -> np.ndarray:
     """Accuracy of each model on the corrupted test sets ``{(name, severity): Split}``: the mean
     over severities, then over corruption names (one value per model)."""
@@ -251,7 +258,8 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
          "test_loss": glob["loss"],
          **client_accuracy_summary(generic), "final_train_loss": history[-1]["train_loss"],
          "sigma_acc_global": sigma_acc(generic, glob["accuracy"]),
-         "sigma_acc_std": sigma_acc(generic, reading="std"), **history_means(history)}
+         "sigma_acc_std": sigma_acc(generic, reading="std"), **history_means(history),
+         "trainable_share": trainable_share(model)}
     if corrupted:
         m["corrupt_accuracy"] = float(corrupted_accuracy([model], corrupted, task)[0])
     personal = load_personal(run, weights)
