@@ -308,6 +308,14 @@ def test_digits_holdout_is_disjoint_from_train_and_written_unlabelled(tmp_path):
     assert not man["kinds"]["holdout"]["labelled"]
     with pytest.raises(ConfigError, match="holdout_fraction"):
         write_server_data({"holdout": ["perada"]}, tmp_path / "absent.safetensors", tmp_path)
+    # public: another dataset's training images, unlabelled (here digits' own train split)
+    man = write_server_data({"public": ["feddf"]}, tmp_path / "absent.safetensors", tmp_path,
+                            public=ds.train)
+    assert man["kinds"] == {"public": {"algorithms": ["feddf"], "samples": len(ds.train),
+                                       "labelled": False, "source": "study.public_dataset"}}
+    assert not (tmp_path / "holdout.safetensors").exists()  # kinds no longer needed are removed
+    with pytest.raises(ConfigError, match="public_dataset"):
+        build(StudyConfig, {"public_dataset": "imagenet"}, "study")
 
 
 def test_corrupted_accuracy_averages_severities_then_names():

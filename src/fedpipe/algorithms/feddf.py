@@ -32,7 +32,7 @@ from fedpipe.data import ClientData
 from fedpipe.fl.state import ServerState, Weights
 from fedpipe.fl.strategy import RoundInfo, Strategy, require_server_data
 
-DISTILL_KINDS = ("distill", "holdout")
+DISTILL_KINDS = ("distill", "holdout", "public")
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ class DistillConfig:
     kd_max_round: int | None = None
     """Distil only in rounds < this (PerAda's code: 30); null = every round (the paper's Alg. 1)."""
     server_data: str = "distill"
-    """The unlabelled distillation set: ``distill`` (the generated auxiliary set) or ``holdout`` (the
-    dataset's held-out slice of the training pool, ``dataset.holdout_fraction``)."""
+    """The unlabelled distillation set: ``distill`` (the generated auxiliary set), ``holdout`` (the
+    dataset's held-out slice of the training pool, ``dataset.holdout_fraction``) or ``public``
+    (another dataset's training images, ``study.public_dataset``: PerAda's CIFAR-100)."""
 
     def validate(self, p: str) -> None:
         check(self.kd_steps >= 0, f"{p}.kd_steps", self.kd_steps, "an integer >= 0")

@@ -54,12 +54,13 @@ from fedpipe.rng import torch_generator
 Probe = Callable[[Sequence[int]], dict[int, dict[str, float]]]
 Score = Callable[[nn.Module, int, torch.Generator], float]
 
-SERVER_DATA_KINDS = ("none", "aux", "distill", "holdout")
+SERVER_DATA_KINDS = ("none", "aux", "distill", "holdout", "public")
 """What a method may ask the pipeline for (its config's ``server_data`` field):
 ``aux`` the auxiliary set the diffusion track generates (labelled when the warm-up is class-
 conditional; a task that trains on labels needs it labelled), ``distill`` an unlabelled set for
 server-side distillation (by default the same generated set, labels dropped), ``holdout`` the
-dataset's held-out real slice of the training pool (``dataset.holdout_fraction``), unlabelled."""
+dataset's held-out real slice of the training pool (``dataset.holdout_fraction``), unlabelled,
+``public`` the training images of another dataset (``study.public_dataset``), unlabelled."""
 
 
 @dataclass(frozen=True)

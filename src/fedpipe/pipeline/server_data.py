@@ -49,21 +49,26 @@ def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
-                      out_dir: str | Path = SERVER_DATA_DIR, holdout=None) -> dict[str, Any]:
-    """Write each needed kind from the auxiliary set (``holdout``: from the dataset's held-out
-    split ``holdout``, labels dropped); the manifest lists kinds and their users."""
+                      out_dir: str | Path = SERVER_DATA_DIR, holdout=None, public=None
+                      ) -> dict[str, Any]:
+    """Write each needed kind from the auxiliary set, ``holdout`` from the dataset's held-out split
+    ``holdout`` and ``public`` from the split ``public`` (another dataset's training images), labels
+    dropped; the manifest lists kinds and their users."""
     out = Path(out_dir)
     manifest: dict[str, Any] = {"kinds": {}}
-    if "holdout" in kinds:
-        if holdout is None or len(holdout) == 0:
-            raise ConfigError("dataset.holdout_fraction", 0,
-                              f"> 0 (digits): {', '.join(kinds['holdout'])} distil on the held-out "
-                              "real slice of the training pool")
-        save_tensors(out / "holdout.safetensors",
-                     {"images": holdout.x, "labels": torch.full_like(holdout.y, -1)})
-        manifest["kinds"]["holdout"] = {"algorithms": kinds["holdout"], "samples": len(holdout),
-                                        "labelled": False, "source": "dataset.holdout"}
-        kinds = {k: v for k, v in kinds.items() if k != "holdout"}
+    for kind, split, key, allowed in (
+            ("holdout", holdout, "dataset.holdout_fraction", "> 0 (digits)"),
+            ("public", public, "study.public_dataset", "a torchvision dataset in dataset.root")):
+        if kind not in kinds:
+            continue
+        if split is None or len(split) == 0:
+            raise ConfigError(key, None, f"{allowed}: {', '.join(kinds[kind])} distil on the "
+                              f"{kind} server data")
+        save_tensors(out / f"{kind}.safetensors",
+                     {"images": split.x, "labels": torch.full_like(split.y, -1)})
+        manifest["kinds"][kind] = {"algorithms": kinds[kind], "samples": len(split),
+                                   "labelled": False, "source": key}
+    kinds = {k: v for k, v in kinds.items() if k not in ("holdout", "public")}
     if kinds:
         check_input(aux_path, "generate", ("images", "labels", "client"))
         aux = load_tensors(aux_path)  # the generate stage's file: images, labels (-1 = none), client
@@ -85,6 +90,26 @@ def check_server_data(kind: str, root: str | Path = SERVER_DATA_DIR) -> None:
     """The server data of ``kind`` is there and readable (InputError otherwise); called before any
     compute by the federate stage of a method that declares it."""
     check_input(Path(root) / f"{kind}.safetensors", "server_data", ("images", "labels"))
+
+
+def public_split(params: dict[str, Any]):
+    """The training split of ``study.public_dataset``, read from ``dataset.root`` (never
+    downloaded); its image shape must be the study dataset's."""
+    study = params.get("study") or {}
+    name = study.get("public_dataset")
+    if name is None:
+        raise ConfigError("study.public_dataset", None,
+                          "a torchvision dataset name (the public server data)")
+    from fedpipe.config import dataset_config
+    from fedpipe.data import load_dataset
+
+    own = dataset_config(params.get("dataset"))
+    other = load_dataset(dataset_config({"name": name, "root": getattr(own, "root", "data/raw")}))
+    mine = load_dataset(own)
+    if other.meta.shape != mine.meta.shape:
+        raise ConfigError("study.public_dataset", name,
+                          f"a dataset of the study's image shape {mine.meta.shape}")
+    return other.train
 
 
 def load_server_data(kind: str, who: str, root: str | Path = SERVER_DATA_DIR) -> ServerData:
