@@ -14,11 +14,10 @@ import time
 
 import torch
 
-from fedpipe.algorithms.feddf import DistillConfig
 from fedpipe.algorithms.perada import PerAda, PerAdaConfig
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl import ClientUpdate, Payload, RoundInfo, ServerData, Strategy
+from fedpipe.fl import Payload, RoundInfo, ServerData
 from fedpipe.models import build_model
 from fedpipe.models.adapters import adapter_keys, add_adapters, freeze_backbone
 from fedpipe.tasks import ClassificationTask
