@@ -331,3 +331,14 @@ def test_corrupted_accuracy_averages_severities_then_names():
             ("b", 1): split([1, 1, 1, 0])}                        # b: .25
     acc = corrupted_accuracy([Const()], sets, ClassificationTask())
     assert acc.tolist() == [0.5]
+
+
+def test_plan_skips_the_diffusion_side_for_real_distillation_data():
+    from fedpipe.pipeline.plan import uses_diffusion
+
+    def params(source):
+        return {"study": {"algorithms": ["perada"], "diffusion_algorithms": []},
+                "algorithms": {"perada": {"server_data": source}}}
+
+    assert not uses_diffusion(params("holdout")) and not uses_diffusion(params("public"))
+    assert uses_diffusion(params("distill"))

@@ -7,8 +7,9 @@ the study, so changing the study's seeds or methods re-runs them only when the d
 
 - ``data/plan/diffusion.json`` = ``{"run": bool}``: whether the diffusion side (``feature_extractor``,
   ``warmup``, ``generate``, ``aux_quality``) is used. It is, when ``study.diffusion_algorithms`` is
-  non-empty or a classification method of the study declares server data (the ``server_data`` stage
-  writes it from the generated auxiliary set).
+  non-empty or a classification method of the study declares server data that the ``server_data``
+  stage writes from the generated auxiliary set (``aux``, ``distill``; not ``holdout`` or ``public``,
+  which come from real datasets).
 - ``data/federate_ddpm/plan.json``: the diffusion track's algorithms and seeds. It keeps the folder
   that the ``report`` stage depends on in existence when the track has no runs (an empty DVC matrix).
 
@@ -31,10 +32,10 @@ DIFFUSION_STAGES = ("feature_extractor", "warmup", "generate", "aux_quality")
 
 def uses_diffusion(params: dict[str, Any]) -> bool:
     """Whether the study uses the diffusion side: a diffusion-track method, or generated server data."""
-    from fedpipe.pipeline.server_data import needed_kinds
+    from fedpipe.pipeline.server_data import GENERATED_KINDS, needed_kinds
 
     study = build(StudyConfig, params.get("study"), "study")
-    return bool(study.diffusion_algorithms) or bool(needed_kinds(params))
+    return bool(study.diffusion_algorithms) or bool(set(needed_kinds(params)) & set(GENERATED_KINDS))
 
 
 def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:

@@ -31,6 +31,8 @@ from fedpipe.fl import ServerData
 from fedpipe.io import check_input, load_tensors, md5_file, read_json, save_tensors, write_json
 
 SERVER_DATA_DIR = Path("data/server_data")
+GENERATED_KINDS = ("aux", "distill")
+"""The kinds written from the generated auxiliary set (the others come from real datasets)."""
 MANIFEST = "manifest.json"
 
 
