@@ -45,7 +45,7 @@ def distill_time(clients: int = 4, n_client: int = 100, n_aux: int = 270, steps:
     cfg = PerAdaConfig(kd_steps=steps, kd_batch_size=batch, server_data="holdout")
 
     def model_fn():
-        return PerAda.prepare_model(build_model("resnet8", (1, 8, 8), 10), cfg)
+        return PerAda.adapt_model(build_model("resnet8", (1, 8, 8), 10), cfg)
 
     local = LocalTrainConfig(epochs=1, batch_size=32, lr=0.05)
     s = PerAda(ClassificationTask(), model_fn, local, cfg, num_clients=clients)

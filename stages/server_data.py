@@ -1,8 +1,8 @@
 """DVC stage `server_data`: the typed server data the study's classification methods declare
 (`algorithms.<name>.server_data`), written from the auxiliary set; see fedpipe.pipeline.server_data.
 
-Reads params: study.algorithms, study.public_dataset, algorithms, dataset (the ``holdout`` and
-``public`` kinds); data/generate/aux.safetensors. Writes data/server_data/.
+Reads params: study.algorithms, algorithms, dataset (the ``holdout`` kind: ``holdout_fraction``;
+``public``: ``public_dataset``); data/generate/aux.safetensors. Writes data/server_data/.
 """
 
 from fedpipe.cli import run_stage
@@ -19,7 +19,6 @@ def main() -> None:
     params = load_params()
     kinds = needed_kinds(params)  # validates before any data is loaded
     read = {"study.algorithms": (params.get("study") or {}).get("algorithms"),
-            "study.public_dataset": (params.get("study") or {}).get("public_dataset"),
             "algorithms": params.get("algorithms"), "dataset": params.get("dataset")}
     with stage_run("server_data", read, read_seed(params)) as run:
         holdout = public = None

@@ -18,7 +18,7 @@ from torch import nn
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
 from fedpipe.algorithms.feddf import DistillConfig, FedDF, distill, kd_loss, teacher_logits
 from fedpipe.algorithms.perada import PerAda, PerAdaConfig
-from fedpipe.config import ConfigError
+from fedpipe.config import ConfigError, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.dataset import DigitsConfig
 from fedpipe.config.fl import LocalTrainConfig, StudyConfig
@@ -312,10 +312,10 @@ def test_digits_holdout_is_disjoint_from_train_and_written_unlabelled(tmp_path):
     man = write_server_data({"public": ["feddf"]}, tmp_path / "absent.safetensors", tmp_path,
                             public=ds.train)
     assert man["kinds"] == {"public": {"algorithms": ["feddf"], "samples": len(ds.train),
-                                       "labelled": False, "source": "study.public_dataset"}}
+                                       "labelled": False, "source": "dataset.public_dataset"}}
     assert not (tmp_path / "holdout.safetensors").exists()  # kinds no longer needed are removed
     with pytest.raises(ConfigError, match="public_dataset"):
-        build(StudyConfig, {"public_dataset": "imagenet"}, "study")
+        dataset_config({"name": "digits", "public_dataset": "imagenet"})
 
 
 def test_corrupted_accuracy_averages_severities_then_names():

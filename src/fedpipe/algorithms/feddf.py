@@ -52,7 +52,7 @@ class DistillConfig:
     server_data: str = "distill"
     """The unlabelled distillation set: ``distill`` (the generated auxiliary set), ``holdout`` (the
     dataset's held-out slice of the training pool, ``dataset.holdout_fraction``) or ``public``
-    (another dataset's training images, ``study.public_dataset``: PerAda's CIFAR-100)."""
+    (another dataset's training images, ``dataset.public_dataset``: PerAda's CIFAR-100)."""
 
     def validate(self, p: str) -> None:
         check(self.kd_steps >= 0, f"{p}.kd_steps", self.kd_steps, "an integer >= 0")

@@ -18,6 +18,9 @@ DIGITS_TOTAL = 1797  # sklearn.datasets.load_digits
 @dataclass(frozen=True)
 class DatasetConfig:
     name: str
+    public_dataset: str | None = None
+    """A torchvision dataset (read from ``data/raw``, never downloaded) whose training images,
+    unlabelled, are the ``public`` server data (PerAda's CIFAR-100 for CIFAR-10); null = none."""
 
     def num_classes(self) -> int:
         raise NotImplementedError
@@ -152,4 +155,7 @@ DATASET_CONFIGS: dict[str, type[DatasetConfig]] = {
 
 def dataset_config(data: dict[str, Any] | None, prefix: str = "dataset") -> DatasetConfig:
     """Build the dataset config selected by ``data['name']``."""
-    return build_selected(DATASET_CONFIGS, data, prefix, "name")
+    cfg = build_selected(DATASET_CONFIGS, data, prefix, "name")
+    if cfg.public_dataset is not None:
+        one_of(f"{prefix}.public_dataset", cfg.public_dataset, TORCHVISION_SIZES)
+    return cfg

@@ -124,9 +124,7 @@ class StudyConfig:
     ``paper_reference`` (e.g. ``mnist/15_shard``) prints that column of the FedDDPM paper's
     Tables I-III beside our numbers in the report. ``corruptions`` (names of
     ``fedpipe.data.corruptions.CORRUPTIONS``) adds accuracy on corrupted copies of the test set to
-    the evaluation (mean over ``severities``, then over the corruptions; PerAda's CIFAR-10-C).
-    ``public_dataset`` (a torchvision dataset read from ``dataset.root``, never downloaded) provides
-    the ``public`` server data: its training images, unlabelled (PerAda's CIFAR-100 for CIFAR-10)."""
+    the evaluation (mean over ``severities``, then over the corruptions; PerAda's CIFAR-10-C)."""
 
     name: str = "default"
     algorithms: list[str] = field(default_factory=lambda: ["fedavg"])
@@ -135,7 +133,6 @@ class StudyConfig:
     paper_reference: str | None = None
     corruptions: list[str] = field(default_factory=list)
     severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
-    public_dataset: str | None = None
 
     def validate(self, p: str) -> None:
         check(len(self.algorithms) >= 1, f"{p}.algorithms", self.algorithms, "a non-empty list")
@@ -152,11 +149,6 @@ class StudyConfig:
                 check(c in CORRUPTIONS, f"{p}.corruptions", c, "one of " + ", ".join(CORRUPTIONS))
             check(len(self.severities) >= 1 and set(self.severities) <= set(SEVERITIES),
                   f"{p}.severities", self.severities, f"a non-empty subset of {list(SEVERITIES)}")
-        if self.public_dataset is not None:
-            from fedpipe.config.dataset import TORCHVISION_SIZES
-
-            check(self.public_dataset in TORCHVISION_SIZES, f"{p}.public_dataset",
-                  self.public_dataset, "null or one of " + ", ".join(TORCHVISION_SIZES))
         if self.paper_reference is not None:
             from fedpipe.reference import COLUMNS, FEDDDPM_FID
 

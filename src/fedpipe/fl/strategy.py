@@ -60,7 +60,7 @@ SERVER_DATA_KINDS = ("none", "aux", "distill", "holdout", "public")
 conditional; a task that trains on labels needs it labelled), ``distill`` an unlabelled set for
 server-side distillation (by default the same generated set, labels dropped), ``holdout`` the
 dataset's held-out real slice of the training pool (``dataset.holdout_fraction``), unlabelled,
-``public`` the training images of another dataset (``study.public_dataset``), unlabelled."""
+``public`` the training images of another dataset (``dataset.public_dataset``), unlabelled."""
 
 
 @dataclass(frozen=True)

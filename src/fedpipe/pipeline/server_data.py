@@ -60,7 +60,7 @@ def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
     manifest: dict[str, Any] = {"kinds": {}}
     for kind, split, key, allowed in (
             ("holdout", holdout, "dataset.holdout_fraction", "> 0 (digits)"),
-            ("public", public, "study.public_dataset", "a torchvision dataset in dataset.root")):
+            ("public", public, "dataset.public_dataset", "a torchvision dataset in dataset.root")):
         if kind not in kinds:
             continue
         if split is None or len(split) == 0:
@@ -95,21 +95,20 @@ def check_server_data(kind: str, root: str | Path = SERVER_DATA_DIR) -> None:
 
 
 def public_split(params: dict[str, Any]):
-    """The training split of ``study.public_dataset``, read from ``dataset.root`` (never
+    """The training split of ``dataset.public_dataset``, read from the dataset root (never
     downloaded); its image shape must be the study dataset's."""
-    study = params.get("study") or {}
-    name = study.get("public_dataset")
-    if name is None:
-        raise ConfigError("study.public_dataset", None,
-                          "a torchvision dataset name (the public server data)")
     from fedpipe.config import dataset_config
     from fedpipe.data import load_dataset
 
     own = dataset_config(params.get("dataset"))
+    name = own.public_dataset
+    if name is None:
+        raise ConfigError("dataset.public_dataset", None,
+                          "a torchvision dataset name (the public server data)")
     other = load_dataset(dataset_config({"name": name, "root": getattr(own, "root", "data/raw")}))
     mine = load_dataset(own)
     if other.meta.shape != mine.meta.shape:
-        raise ConfigError("study.public_dataset", name,
+        raise ConfigError("dataset.public_dataset", name,
                           f"a dataset of the study's image shape {mine.meta.shape}")
     return other.train
 
