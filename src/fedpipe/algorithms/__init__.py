@@ -34,9 +34,9 @@ from fedpipe.algorithms.gifair import GIFAIR
 from fedpipe.algorithms.lg_fedavg import LGFedAvg
 from fedpipe.algorithms.local import Local
 from fedpipe.algorithms.mofedsam import MoFedSAM
+from fedpipe.algorithms.perada import PerAda, PerAdaNoKD
 from fedpipe.algorithms.pfedme import PFedMe
 from fedpipe.algorithms.pow_d import PowD
-from fedpipe.algorithms.perada import PerAda, PerAdaNoKD
 from fedpipe.algorithms.scaffold import Scaffold
 from fedpipe.config import ConfigError, build
 from fedpipe.fl import Strategy
