@@ -179,7 +179,8 @@ def test_registry_fedddpm_claims_as_the_paper_states_them():
     study = study_of()
     papers = paper_claims(study)
     assert set(papers) == {fedddpm_claims.PAPER, "classification baselines", fedptr_claims.PAPER,
-                           "Equitable-FL (Upadhyay & Hashemi 2024)", "FedNH (Dai et al. 2023)"}
+                           "Equitable-FL (Upadhyay & Hashemi 2024)", "FedNH (Dai et al. 2023)",
+                           "PerAda (Xie et al. 2024)"}
     assert papers["FedNH (Dai et al. 2023)"] == []  # no fednh in this study
     claims = all_claims(study)
     assert len({c.key for c in claims}) == len(claims)
