@@ -20,7 +20,8 @@ in train mode, as in both official codes (its BN running statistics follow the d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,18 @@ class DistillConfig:
         return self.kd_steps > 0 and (self.kd_max_round is None or round_ < self.kd_max_round)
 
 
+@contextmanager
+def global_rng_from(gen: torch.Generator) -> Iterator[None]:
+    """Seed torch's global RNG from ``gen`` for the duration (restored after): ``nn.Dropout`` (PerAda's
+    adapters) draws its masks from the global RNG, which would otherwise make a run depend on what
+    ran before it in the process."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
 def teacher_logits(teachers: Sequence[nn.Module], x: torch.Tensor, batch_size: int = 1024
                    ) -> torch.Tensor:
     """z_T: the mean of the teachers' logits on ``x`` (teachers in eval mode)."""
@@ -99,21 +112,22 @@ def distill(student: nn.Module, teachers: Sequence[nn.Module], data: ClientData,
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.kd_steps, 1))
     student.train()
     n, done, first, last = len(data), 0, float("nan"), float("nan")
-    while done < cfg.kd_steps:
-        order = torch.randperm(n, generator=gen)
-        for start in range(0, n, cfg.kd_batch_size):
-            idx = order[start:start + cfg.kd_batch_size]
-            opt.zero_grad(set_to_none=True)
-            loss = kd_loss(student(data.x[idx]), z_t[idx], cfg.kd_temperature)
-            loss.backward()
-            opt.step()
-            sched.step()
-            done += 1
-            if done == 1:
-                first = loss.item()
-            if done == cfg.kd_steps:
-                last = loss.item()
-                break
+    with global_rng_from(gen):  # the student's dropout masks
+        while done < cfg.kd_steps:
+            order = torch.randperm(n, generator=gen)
+            for start in range(0, n, cfg.kd_batch_size):
+                idx = order[start:start + cfg.kd_batch_size]
+                opt.zero_grad(set_to_none=True)
+                loss = kd_loss(student(data.x[idx]), z_t[idx], cfg.kd_temperature)
+                loss.backward()
+                opt.step()
+                sched.step()
+                done += 1
+                if done == 1:
+                    first = loss.item()
+                if done == cfg.kd_steps:
+                    last = loss.item()
+                    break
     return {"kd_loss_first": first, "kd_loss_last": last, "kd_steps": float(done)}
 
 

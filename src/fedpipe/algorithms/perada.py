@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.feddf import DistillConfig, distill_weights
+from fedpipe.algorithms.feddf import DistillConfig, distill_weights, global_rng_from
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -130,12 +130,14 @@ class PerAda(Strategy):
             proximal = sum(((p - w_t[n]) ** 2).sum() for n, p in params.items())
             return self.task.loss(m, batch, gen) + lam * proximal
 
-        mp = local_train(model, data, self.task, self.local, payload.round, gen,
-                         loss_fn=personal_objective)
+        with global_rng_from(gen):  # the adapters' dropout masks come from the client's stream
+            mp = local_train(model, data, self.task, self.local, payload.round, gen,
+                             loss_fn=personal_objective)
         _, v_m = self.split_personal(self.scratch_weights())
         # Global Obj: theta_m from w^t, plain task loss
         model = self.scratch_model(payload.weights)
-        ml = local_train(model, data, self.task, self.local, payload.round, gen)
+        with global_rng_from(gen):
+            ml = local_train(model, data, self.task, self.local, payload.round, gen)
         _, theta_m = self.split_personal(self.scratch_weights())
         metrics = {"loss": ml["loss"], "steps": ml["steps"] + mp["steps"],
                    "personal_loss": mp["loss"]}
