@@ -342,3 +342,26 @@ def test_plan_skips_the_diffusion_side_for_real_distillation_data():
 
     assert not uses_diffusion(params("holdout")) and not uses_diffusion(params("public"))
     assert uses_diffusion(params("distill"))
+
+
+def test_perada_client_update_is_a_function_of_its_stream_despite_dropout():
+    """The adapters' dropout draws from torch's global RNG; PerAda seeds it from the client's stream,
+    so the update does not depend on what the process drew before."""
+    torch.manual_seed(0)
+    cfg = PerAdaConfig(adapter_dropout=0.5, adapter_init_std=0.1)
+
+    def model_fn():
+        torch.manual_seed(1)
+        return PerAda.adapt_model(build_model("resnet8", (1, 8, 8), 10), cfg)
+
+    s = PerAda(ClassificationTask(), model_fn, LocalTrainConfig(epochs=1, batch_size=4, lr=0.1), cfg,
+               num_clients=1)
+    glob = model_fn().state_dict()
+    data = ClientData(torch.rand(8, 1, 8, 8), torch.arange(8) % 10)
+    runs = []
+    for noise in (1, 2):
+        torch.manual_seed(noise)  # a different global RNG state before each call
+        upd, cs, _ = s.client_update(Payload(0, glob), {}, data, torch.Generator().manual_seed(5))
+        runs.append((upd.weights, cs["personal"]))
+    for a, b in zip(runs[0], runs[1], strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
