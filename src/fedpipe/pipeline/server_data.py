@@ -23,6 +23,7 @@ from fedpipe.algorithms import (
     check_algorithm_sections,
     check_algorithms,
 )
+from fedpipe.config import ConfigError
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.config.stages import check_sections
