@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fedpipe.algorithms import ALGORITHMS
+from fedpipe.cli import keep_on_interrupt
 from fedpipe.config import ConfigError
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, run_federated
@@ -219,8 +220,10 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         inputs[str(sd_path)] = md5_file(sd_path)
     evaluate = client_evaluator(task, strategy.model_of, ds.test.x, ds.test.y,
                                 clients_of(ds, part, "test"), cfg.seed)
+    ckpt = checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}")
+    keep_on_interrupt(f"checkpoint (every fl.checkpoint_every rounds) kept in {ckpt}")
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}"),
+                           checkpoint_dir=ckpt,
                            fingerprint=fingerprint_of(cfg.params_read, *inputs),
                            stop_after=stop_after, server_data=server_data, on_round=on_round,
                            progress=progress)
