@@ -108,8 +108,9 @@ def save_run(out: Path, result: RunResult, model_meta: dict) -> None:
 
 
 def plot_history(history: list[dict[str, float]], title: str, metric: str = "test_accuracy",
-                 metric_label: str = "global test accuracy", loss_label: str | None = None):
-    """Train and test loss per round (left), and the evaluated ``metric`` per round (right)."""
+                 metric_label: str = "global test accuracy", loss_label: str = "cross-entropy loss"):
+    """Train and test loss per round (left, y-label ``loss_label``), and the evaluated ``metric`` per
+    round (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,8 +123,7 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
     axes[0].plot([h["round"] for h in ev], [h["test_loss"] for h in ev], marker=".",
                  label="test loss")
     axes[0].set_xlabel("round")
-    if loss_label is not None:
-        axes[0].set_ylabel(loss_label)
+    axes[0].set_ylabel(loss_label)
     axes[0].legend()
     axes[1].plot([h["round"] for h in ev], [h[metric] for h in ev], marker=".")
     axes[1].set_xlabel("round")
