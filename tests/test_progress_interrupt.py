@@ -124,3 +124,40 @@ def test_training_stages_register_their_checkpoints():
     src = REPO / "src" / "fedpipe" / "pipeline"
     for name in ("federate.py", "federate_ddpm.py", "warmup.py"):
         assert "keep_on_interrupt(" in (src / name).read_text(), name
+
+
+def test_ctrl_c_to_the_process_group_stops_worker_processes_quietly(tmp_path):
+    """A terminal's Ctrl-C reaches the stage and its worker processes: one line, exit 130, no
+    worker's traceback, no wait for the running jobs."""
+    script = tmp_path / "stage.py"
+    script.write_text(textwrap.dedent("""
+        import pathlib, time
+        from fedpipe.cli import run_stage
+        from fedpipe.pipeline.workers import map_in_processes
+
+        def job(i):
+            pathlib.Path(f"started_{i}").touch()
+            time.sleep(120)
+            return i
+
+        def main():
+            list(map_in_processes(job, [0, 1], 2))
+
+        if __name__ == "__main__":
+            run_stage(main)
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{tmp_path}",
+           "FEDPIPE_TRACKING": "off"}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"started_{i}").exists() for i in (0, 1)):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30  # the 120 s jobs were not waited for
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("interrupted: no partial result kept")
