@@ -129,7 +129,7 @@ def plots_repo(tmp_path_factory) -> Path:
               history_rows("fedavg", 0, hist) + history_rows("fedprox", 0, hist))
     write_csv(d / "evaluate/clients.csv", ["algorithm", "seed", "client", "accuracy",
                                            "personal_accuracy"],
-              [["fedavg", 0, 0, 0.5, ""], ["fedavg", 0, 1, 0.7, ""], ["fedprox", 0, 0, 0.4, ""]])
+              [["fedavg", 0, 0, 0.5, ""], ["fedavg", 0, 1, 0.7, ""], ["fedper", 0, 0, 0.4, 0.9]])
     write_csv(d / "warmup/losses.csv", ["client", "epoch", "loss"],
               [[0, 0, 0.5], [0, 1, 0.4], [1, 0, 0.6], [1, 1, 0.3]])
     write_csv(d / "aux_quality/per_class.csv", ["class", "requested", "accuracy"],
@@ -167,6 +167,10 @@ def test_vega_plots_fit_their_data(plots_repo):
     bars = plots["client accuracy"]
     assert bars["mark"]["type"] == "bar" and bars["encoding"]["x"]["field"] == "client"
     assert bars["encoding"]["xOffset"]["field"] == "algorithm"  # grouped by algorithm
+    # own models: the template drops the empty cells of methods without personal models
+    own = plots["client accuracy, own models"]
+    assert own["encoding"]["y"]["field"] == "personal_accuracy"
+    assert "datum['personal_accuracy'] !== ''" in own["transform"][0]["filter"]
     assert plots["warm-up loss"]["encoding"]["color"]["field"] == "client"
     # the unlabelled set's per-class accuracy: no data, so no flat line of zeros
     assert not plots.get("aux per-class accuracy", {}).get("data", {}).get("values")

@@ -178,6 +178,7 @@ def plot_curves(rows: list[list], title: str):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     by_algo: dict[str, dict[int, list[float]]] = {}
     for algo, _, rnd, acc, _ in rows:
@@ -189,6 +190,7 @@ def plot_curves(rows: list[list], title: str):
         ax.plot(r, [float(np.mean(pts[k])) for k in r], marker=markers[i % len(markers)],
                 linestyle=styles[i % len(styles)], markersize=4,
                 markerfacecolor="none" if i % 2 else None, label=algo)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("global test accuracy (mean over seeds)")
     ax.set_title(title)
@@ -210,7 +212,7 @@ def plot_client_accuracy(per_client: dict[str, np.ndarray], title: str):
     ax.set_xticks(range(1, len(names) + 1), names)
     for i, d in enumerate(data, start=1):
         ax.scatter(np.full(len(d), i) + np.linspace(-0.15, 0.15, len(d)), d, s=8, alpha=0.6)
-    ax.set_ylabel("client local test accuracy")
+    ax.set_ylabel("client local test accuracy\n(own model where the method has one)", fontsize=8)
     ax.set_title(title)
     return fig
 

@@ -115,6 +115,7 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     r = [h["round"] for h in history]
@@ -128,7 +129,10 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
     axes[1].plot([h["round"] for h in ev], [h[metric] for h in ev], marker=".")
     axes[1].set_xlabel("round")
     axes[1].set_ylabel(metric_label)
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
+    fig.tight_layout()
     return fig
 
 

@@ -264,7 +264,7 @@ def plot_fid_curves(curves: dict[str, dict[float, float]], title: str, meta: dic
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 
     meta, finals = meta or {}, finals or {}
     fig, ax = plt.subplots(figsize=(8.5, 4.0))
@@ -297,6 +297,7 @@ def plot_fid_curves(curves: dict[str, dict[float, float]], title: str, meta: dic
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(True, which="major", alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(f"FID, log scale ({curve_label(meta)})")
     ax.set_title(title)
