@@ -312,8 +312,8 @@ def test_build_report_claims_table_and_json(tmp_path):
     # the classification table: mean ± std over seeds, personalized columns when present
     assert "| scaffold | 84.37 ± 0.67 |" in text and "personal mean" in text
     assert "| fedprox | 80.40 ± 0.56 |" in text and "| 90.00 ± 1.00 |" in text
-    assert {p.name for p in rep.plots} == {"fid_curves.png", "report.md", "claims.json",
-                                           "metrics.json"}
+    assert {p.name for p in rep.plots} == {"fid_curves.png", "fid_history.csv", "report.md",
+                                           "claims.json", "metrics.json"}
 
 
 def test_report_with_one_seed_judges_nothing(tmp_path):

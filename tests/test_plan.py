@@ -37,8 +37,8 @@ def test_write_plan_writes_the_decision_and_the_track(tmp_path):
 
 def test_stage_outputs_reads_every_declared_output(repo_root):
     outs = stage_outputs("warmup", repo_root / "dvc.yaml")
-    assert outs == ["data/warmup/models", "data/warmup/losses.png", "data/warmup/metrics.json",
-                    "data/warmup/losses.csv"]
+    assert outs == ["data/warmup/models", "data/warmup/losses.png", "data/warmup/losses.csv",
+                    "data/warmup/metrics.json"]
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""Entry-point helper for stage scripts: logging set-up and one-line errors with exit code 2."""
+"""Entry-point helper for stage scripts: logging set-up (log lines printed above the progress bars,
+never onto them), one-line errors with exit code 2, and Ctrl-C as one line saying what was kept and how
+to resume, with exit code 130."""
 
 from __future__ import annotations
 
@@ -13,6 +15,24 @@ from fedpipe.errors import DivergenceError, InputError, SkippedStageError
 
 EXIT_CONFIG = 2
 EXIT_DIVERGED = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
+
+_KEPT: list[str] = []  # what the running stage keeps when interrupted (see keep_on_interrupt)
+
+
+def keep_on_interrupt(what: str) -> None:
+    """Register what an interrupted stage keeps, e.g. ``"checkpoint kept in data/checkpoints/..."``;
+    :func:`run_stage` names it in its one line on Ctrl-C."""
+    if what not in _KEPT:
+        _KEPT.append(what)
+
+
+def interrupted_message() -> str:
+    """The one line printed when a stage is interrupted."""
+    if _KEPT:
+        return f"interrupted: {'; '.join(_KEPT)}; run `dvc repro` to resume"
+    return ("interrupted: no partial result kept (outputs are written only when the stage finishes, "
+            "the earlier ones are unchanged); run `dvc repro` to run it again")
 
 
 def stage_argument(argv: list[str], name: str) -> str:
@@ -65,13 +85,21 @@ def matrix_values(stage: str, n: int) -> list[str]:
 
 
 def run_stage(main: Callable[[], None]) -> None:
-    """Run a stage's ``main``; bad params or missing data print one line and exit with code 2."""
+    """Run a stage's ``main``; bad params or missing data print one line and exit with code 2; Ctrl-C
+    prints one line (:func:`interrupted_message`) and exits with code 130. Log lines go through
+    ``tqdm.write`` while ``main`` runs, so they print above a progress bar instead of onto it."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("alembic", "mlflow", "urllib3", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         set_threads()
-        main()
+        with logging_redirect_tqdm():
+            main()
+    except KeyboardInterrupt:
+        print(interrupted_message(), file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except (ConfigError, DatasetNotFoundError, InputError, SkippedStageError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)

@@ -45,7 +45,8 @@ def partition_and_write(cfg: PartitionStageConfig, out_dir: str | Path) -> Parti
     write_csv(out / "clients.csv", header, rows)
     title = f"{cfg.dataset.name} / {cfg.partition.scheme} / {cfg.partition.num_clients} clients"
     save_figure(out / "heatmap.png", plot_heatmap(stats["counts"], title))
-    save_figure(out / "sizes.png", plot_sizes(np.asarray(stats["sizes"]), title))
+    save_figure(out / "sizes.png", plot_sizes(np.asarray(stats["sizes"]), title,
+                                                 np.asarray(stats["emd"])))
     log.info("partition: %d clients, sizes %d..%d, mean EMD %.3f, written to %s",
              part.num_clients, summary["size_min"], summary["size_max"], summary["emd_mean"], out)
     return PartitionOutputs(part, summary, {str(part_path): md5_file(part_path)},

@@ -105,18 +105,28 @@ def plot_heatmap(counts: np.ndarray, title: str):
     return fig
 
 
-def plot_sizes(sizes: np.ndarray, title: str):
-    """Bar chart of client sizes (a matplotlib Figure)."""
+def plot_sizes(sizes: np.ndarray, title: str, emd: np.ndarray | None = None):
+    """Bar chart of client sizes and, with ``emd``, of each client's label skew (EMD of its label
+    distribution to the global one) below it (a matplotlib Figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(min(3 + 0.3 * len(sizes), 16), 3.5))
+    rows = 1 if emd is None else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(min(3 + 0.3 * len(sizes), 16), 3.5 * rows),
+                             squeeze=False)
+    ax = axes[0, 0]
     ax.bar(np.arange(len(sizes)), sizes, color="tab:blue")
     ax.axhline(sizes.mean(), color="k", lw=1, ls="--", label=f"mean {sizes.mean():.1f}")
     ax.set_xlabel("client")
     ax.set_ylabel("training samples")
     ax.set_title(title)
     ax.legend()
+    if emd is not None:
+        ax = axes[1, 0]
+        ax.bar(np.arange(len(emd)), emd, color="tab:orange")
+        ax.set_xlabel("client")
+        ax.set_ylabel("label skew (EMD to global)")
+    fig.tight_layout()
     return fig

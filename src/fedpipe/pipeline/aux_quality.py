@@ -4,7 +4,8 @@
   the sample count next to it; beside it, the FID of a real test subset of the same size, because FID
   is biased upwards for small sample counts and this is the floor real data of that size reaches.
 - With class conditioning (A labelled): the accuracy of the feature-extractor classifier on A per
-  requested class (``per_class.csv``, ``per_class.png``).
+  requested class (``per_class.csv``, ``per_class.png``); unlabelled, ``per_class.csv`` has no rows
+  and ``per_class.png`` says why.
 
 A separate stage from ``generate`` so that changing FID settings never re-samples A.
 """
@@ -41,12 +42,23 @@ def per_class_accuracy(classifier: torch.nn.Module, images: torch.Tensor, labels
         return np.where(counts > 0, hits / np.maximum(counts, 1), np.nan), counts
 
 
-def plot_per_class(acc: np.ndarray, class_names: list[str], title: str):
+UNLABELLED = ("no per-class accuracy: the auxiliary set is unlabelled (diffusion.conditional is false), "
+              "so no sample has a requested class to check")
+
+
+def plot_per_class(acc: np.ndarray, class_names: list[str], title: str, labelled: bool = True):
+    """Classifier accuracy per requested class; for an unlabelled set, a figure that says why there
+    is none (instead of empty bars)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not labelled:
+        fig, ax = plt.subplots(figsize=(6, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, UNLABELLED, ha="center", va="center", wrap=True, fontsize=9)
+        return fig
     fig, ax = plt.subplots(figsize=(max(4, 0.35 * len(acc)), 3))
     ax.bar(range(len(acc)), np.nan_to_num(acc, nan=0.0))
     ax.set_xticks(range(len(acc)), class_names, rotation=90 if len(acc) > 20 else 0, fontsize=7)
@@ -54,6 +66,13 @@ def plot_per_class(acc: np.ndarray, class_names: list[str], title: str):
     ax.set_ylabel("classifier accuracy")
     ax.set_title(title, fontsize=9)
     return fig
+
+
+def per_class_rows(acc: np.ndarray, counts: np.ndarray, class_names: list[str]) -> list[list]:
+    """Rows of ``per_class.csv`` (class, requested, accuracy) for the classes with samples: none for
+    an unlabelled set, so no plot draws a flat line of zeros."""
+    return [[class_names[c], int(counts[c]), float(acc[c])] for c in range(len(acc))
+            if counts[c] > 0 and not np.isnan(acc[c])]
 
 
 def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path = AUX_QUALITY_DIR,
@@ -82,13 +101,11 @@ def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path = AUX_QUALITY_DIR
         acc, counts = per_class_accuracy(tools.classifier, aux.images, aux.labels, ds.meta.num_classes)
         metrics["class_accuracy"] = float(np.nansum(acc * counts) / max(counts.sum(), 1))
         metrics["worst_class_accuracy"] = float(np.nanmin(acc))
-    # Always written (empty accuracies for an unlabelled set) so the DVC outputs exist either way.
+    # Always written (no rows for an unlabelled set) so the DVC outputs exist either way.
     write_csv(out / "per_class.csv", ["class", "requested", "accuracy"],
-              [[names[c], int(counts[c]), "" if np.isnan(acc[c]) else float(acc[c])]
-               for c in range(len(acc))])
-    title = ("classifier accuracy on generated samples per requested class" if aux.labelled
-             else "unlabelled auxiliary set (diffusion.conditional is false)")
-    save_figure(out / "per_class.png", plot_per_class(acc, names, title))
+              per_class_rows(acc, counts, names))
+    save_figure(out / "per_class.png", plot_per_class(
+        acc, names, "classifier accuracy on generated samples per requested class", aux.labelled))
     write_json(out / "metrics.json", metrics)
     log.info("aux set: FID %.4f on %d samples (%s)", metrics["fid_aux"], n, tools.fid.name)
     return {"metrics": metrics, "inputs": {str(aux_path): md5_file(aux_path)}}

@@ -1,8 +1,8 @@
 """The evaluate stage: for every algorithm and training seed of the study, the global model's test
 accuracy and per-client local-test accuracies (generic), and each client's own model on its split
 (personalized, methods with personal models); mean ± std over seeds in metrics JSON and a markdown
-comparison table, every seed in seeds.json, per-client CSV, learning-curve and client-accuracy
-plots."""
+comparison table, every seed in seeds.json, per-client CSV, the evaluated rounds of every run
+(``history.csv``, for DVC's plots), learning-curve and client-accuracy plots."""
 
 from __future__ import annotations
 
@@ -172,20 +172,41 @@ def plot_fairness_curves(histories: dict[str, list[list[dict[str, float]]]], tit
     return fig
 
 
-def plot_curves(histories: dict[str, list[dict[str, float]]], title: str):
+HISTORY_COLUMNS = ["algorithm", "seed", "round", "test_accuracy", "test_loss"]
+
+
+def history_rows(algorithm: str, seed: int, history: list[dict[str, float]]) -> list[list]:
+    """The evaluated rounds of one run as rows of ``history.csv`` (:data:`HISTORY_COLUMNS`): rounds
+    without an evaluation are absent, so no plot draws them as accuracy 0."""
+    return [[algorithm, seed, int(h["round"]), h["test_accuracy"], h["test_loss"]]
+            for h in history if "test_accuracy" in h]
+
+
+def plot_curves(rows: list[list], title: str):
+    """Global test accuracy per evaluated round, mean over seeds, one line per algorithm (the rows
+    of :func:`history_rows`; the PNG twin of DVC's plot of ``history.csv``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for algo, hist in histories.items():
-        ev = [h for h in hist if "test_accuracy" in h]
-        ax.plot([h["round"] for h in ev], [h["test_accuracy"] for h in ev], label=algo)
+    by_algo: dict[str, dict[int, list[float]]] = {}
+    for algo, _, rnd, acc, _ in rows:
+        by_algo.setdefault(algo, {}).setdefault(rnd, []).append(acc)
+    fig, ax = plt.subplots(figsize=(7.5, 3.5))
+    markers, styles = ["o", "s", "^", "v", "P", "X", "<", ">"], ["-", "--", "-.", ":"]
+    for i, (algo, pts) in enumerate(by_algo.items()):
+        r = sorted(pts)
+        ax.plot(r, [float(np.mean(pts[k])) for k in r], marker=markers[i % len(markers)],
+                linestyle=styles[i % len(styles)], markersize=4,
+                markerfacecolor="none" if i % 2 else None, label=algo)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-    ax.set_ylabel("global test accuracy")
+    ax.set_ylabel("global test accuracy (mean over seeds)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
     return fig
 
 
@@ -202,7 +223,7 @@ def plot_client_accuracy(per_client: dict[str, np.ndarray], title: str):
     ax.set_xticks(range(1, len(names) + 1), names)
     for i, d in enumerate(data, start=1):
         ax.scatter(np.full(len(d), i) + np.linspace(-0.15, 0.15, len(d)), d, s=8, alpha=0.6)
-    ax.set_ylabel("client local test accuracy")
+    ax.set_ylabel("client local test accuracy\n(own model where the method has one)", fontsize=8)
     ax.set_title(title)
     return fig
 
@@ -320,9 +341,8 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
                  if study.corruptions else None)
     seeds: dict[str, dict[int, dict[str, float]]] = {}
     per_client: dict[str, np.ndarray] = {}
-    histories: dict[str, list[dict[str, float]]] = {}
     all_histories: dict[str, list[list[dict[str, float]]]] = {}
-    rows = []
+    rows, history = [], []
     for cfg in cfgs:
         run = run_dir(fed, cfg.algorithm, cfg.seed)
         m, generic, own = evaluate_run(cfg, run, ds, local_tests, task, train_counts, corrupted)
@@ -330,8 +350,9 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
         shown = own if own is not None else generic
         per_client[cfg.algorithm] = np.concatenate([per_client.get(cfg.algorithm, np.empty(0)),
                                                     shown])
-        histories.setdefault(cfg.algorithm, read_history(run / "history.csv"))
-        all_histories.setdefault(cfg.algorithm, []).append(read_history(run / "history.csv"))
+        run_history = read_history(run / "history.csv")
+        all_histories.setdefault(cfg.algorithm, []).append(run_history)
+        history += history_rows(cfg.algorithm, cfg.seed, run_history)
         rows += [[cfg.algorithm, cfg.seed, i, float(a), "" if own is None else float(own[i])]
                  for i, a in enumerate(generic)]
         log.info("%s seed %d: global %.4f, clients %.4f +- %.4f%s", cfg.algorithm, cfg.seed,
@@ -345,8 +366,9 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     write_json(out / "seeds.json", {a: {str(k): v for k, v in s.items()} for a, s in seeds.items()})
     write_csv(out / "clients.csv", ["algorithm", "seed", "client", "accuracy", "personal_accuracy"],
               rows)
+    write_csv(out / "history.csv", HISTORY_COLUMNS, history)
     write_text(out / "comparison.md", table)
-    save_figure(out / "learning_curves.png", plot_curves(histories, title))
+    save_figure(out / "learning_curves.png", plot_curves(history, title))
     save_figure(out / "client_accuracy.png", plot_client_accuracy(per_client, title))
     save_figure(out / "fairness_curves.png", plot_fairness_curves(all_histories, title))
     return EvaluateOutputs(metrics, table, [out / "learning_curves.png", out / "client_accuracy.png",

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fedpipe.algorithms import ALGORITHMS
+from fedpipe.cli import keep_on_interrupt
 from fedpipe.config import ConfigError
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, Strategy, run_federated
@@ -109,12 +110,14 @@ def save_run(out: Path, result: RunResult, model_meta: dict) -> None:
 
 
 def plot_history(history: list[dict[str, float]], title: str, metric: str = "test_accuracy",
-                 metric_label: str = "global test accuracy", loss_label: str | None = None):
-    """Train and test loss per round (left), and the evaluated ``metric`` per round (right)."""
+                 metric_label: str = "global test accuracy", loss_label: str = "cross-entropy loss"):
+    """Train and test loss per round (left, y-label ``loss_label``), and the evaluated ``metric`` per
+    round (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     r = [h["round"] for h in history]
@@ -123,13 +126,15 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
     axes[0].plot([h["round"] for h in ev], [h["test_loss"] for h in ev], marker=".",
                  label="test loss")
     axes[0].set_xlabel("round")
-    if loss_label is not None:
-        axes[0].set_ylabel(loss_label)
+    axes[0].set_ylabel(loss_label)
     axes[0].legend()
     axes[1].plot([h["round"] for h in ev], [h[metric] for h in ev], marker=".")
     axes[1].set_xlabel("round")
     axes[1].set_ylabel(metric_label)
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
+    fig.tight_layout()
     return fig
 
 
@@ -258,8 +263,10 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         inputs[str(sd_path)] = md5_file(sd_path)
     evaluate = client_evaluator(task, strategy.model_of, ds.test.x, ds.test.y,
                                 clients_of(ds, part, "test"), cfg.seed)
+    ckpt = checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}")
+    keep_on_interrupt(f"checkpoint (every fl.checkpoint_every rounds) kept in {ckpt}")
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}"),
+                           checkpoint_dir=ckpt,
                            fingerprint=fingerprint_of(cfg.params_read, *inputs),
                            stop_after=stop_after, server_data=server_data, on_round=on_round,
                            progress=progress)

@@ -33,6 +33,7 @@ from fedpipe.algorithms import (
     check_algorithm_sections,
     check_algorithms,
 )
+from fedpipe.cli import keep_on_interrupt
 from fedpipe.config import dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.diffusion import (
@@ -109,23 +110,27 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
 
 
 def sample_images(task: DiffusionTask, model: torch.nn.Module, n: int, cfg: DDPMTrainConfig,
-                  class_counts: np.ndarray, gen: torch.Generator, sampler: str | None = None
-                  ) -> torch.Tensor:
+                  class_counts: np.ndarray, gen: torch.Generator, sampler: str | None = None,
+                  progress: str | None = None) -> torch.Tensor:
     """``n`` images from ``model`` with ``sampler`` (default ``fid.sampler``; labels in proportion to
-    the training set's class counts when the model is class-conditional)."""
+    the training set's class counts when the model is class-conditional). ``progress``: the name of a
+    progress bar over the sampling steps (None: no bar)."""
     sampler = sampler or cfg.fid.sampler
     labels = requested_labels(n, class_counts) if cfg.diffusion.conditional else None
     T = cfg.diffusion.num_train_timesteps
     steps = T if sampler == "ddpm" else min(cfg.fid.ddim_steps, T)  # DDIM takes at most T steps
     return task.sample(model, n, labels=labels, sampler=sampler, steps=steps, generator=gen,
-                       batch_size=cfg.fid.batch_size)
+                       batch_size=cfg.fid.batch_size, progress=progress is not None,
+                       desc=f"{progress}: {n} samples, {sampler}" if progress else None)
 
 
 def fid_of(task: DiffusionTask, tools: FIDTools, cfg: DDPMTrainConfig, class_counts: np.ndarray,
-           sampler: str | None = None) -> Callable[[torch.nn.Module, int, torch.Generator], float]:
-    """FID of ``n`` samples of a model drawn with ``sampler`` (default ``fid.sampler``)."""
+           sampler: str | None = None, progress: str | None = None
+           ) -> Callable[[torch.nn.Module, int, torch.Generator], float]:
+    """FID of ``n`` samples of a model drawn with ``sampler`` (default ``fid.sampler``), with a
+    progress bar named ``progress`` over the sampling (None: none)."""
     def score(model: torch.nn.Module, n: int, gen: torch.Generator) -> float:
-        x = sample_images(task, model, n, cfg, class_counts, gen, sampler)
+        x = sample_images(task, model, n, cfg, class_counts, gen, sampler, progress)
         return tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
     return score
 
@@ -154,8 +159,10 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
 
     strategy = ALGORITHMS[cfg.algorithm](task, model_fn, cfg.fl.local, cfg.algo_cfg,
                                          aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
-    score = fid_of(task, tools, cfg, class_counts)  # the round's score (FedDDPM+'s QuickTest)
-    curve_score = fid_of(task, tools, cfg, class_counts, cfg.fid.curve_sampler)
+    score = fid_of(task, tools, cfg, class_counts,  # the round's score (FedDDPM+'s QuickTest)
+                   progress="round score FID" if progress else None)
+    curve_score = fid_of(task, tools, cfg, class_counts, cfg.fid.curve_sampler,
+                         progress="FID curve" if progress else None)
     inputs = {str(partition_path): md5_file(partition_path)}
     server_data, kind = None, strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":
@@ -173,15 +180,17 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
 
     fp = params_fingerprint(cfg.params_read, *inputs)  # a checkpoint resumes only on a match
     t0 = time.perf_counter()
+    ckpt = checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}")
+    keep_on_interrupt(f"checkpoint (every diffusion_fl.checkpoint_every rounds) kept in {ckpt}")
     result = run_federated(strategy, model_fn(), clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}"),
+                           checkpoint_dir=ckpt,
                            fingerprint=fp, stop_after=stop_after,
                            server_data=server_data, score=score, on_round=on_round,
                            progress=progress, section="diffusion_fl")
     seconds = time.perf_counter() - t0
     model = strategy.global_model(result.state).to(device)
     x = sample_images(task, model, cfg.fid.num_samples, cfg, class_counts,
-                      torch_generator(cfg.seed, "fid-final"))
+                      torch_generator(cfg.seed, "fid-final"), progress="final FID" if progress else None)
     final_fid = tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
     save_run(out, result, {"algorithm": cfg.algorithm, "unet": cfg.diffusion.unet})
     meta = result.state.meta
@@ -191,6 +200,7 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
              "sampler": cfg.fid.sampler, "curve_sampler": cfg.fid.curve_sampler,
              "curve_samples": cfg.fid.curve_samples, "rounds": result.rounds_done,
              "stopped_at": meta.get("stopped_at") or result.rounds_done,
+             "corrected_at": meta.get("corrected_at"),  # a server correction's round (FedDDPM+)
              "server_steps": meta.get("server_steps", 0),
              "final_train_loss": result.history[-1]["train_loss"],
              "test_loss": [h for h in result.history if "test_loss" in h][-1]["test_loss"],

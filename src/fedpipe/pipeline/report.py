@@ -22,7 +22,8 @@ Sections of ``report.md``:
 - Claims: every paper's headline claims (:mod:`fedpipe.claims`) with every seed's values, the mean
   difference +- its standard error, and held / not held / not judged / not evaluated.
 
-Outputs: ``report.md``, ``fid_curves.png`` (FID per round, mean over seeds), ``metrics.json`` (DVC
+Outputs: ``report.md``, ``fid_curves.png`` (FID per round, mean over seeds, and each method's final
+FID), ``fid_history.csv`` (every run's evaluated rounds, for DVC's plots), ``metrics.json`` (DVC
 metrics: FID and accuracy summaries, claim counts) and ``claims.json`` (DVC metrics; see
 :func:`fedpipe.claims.claims_metrics`).
 """
@@ -39,7 +40,7 @@ import numpy as np
 from fedpipe.claims import RULE, ClaimResult, absent_papers, all_claims, claims_metrics, judge_all, summary
 from fedpipe.claims import fednh as fednh_claims
 from fedpipe.config.fl import StudyConfig
-from fedpipe.io import read_json, save_figure, write_json, write_text
+from fedpipe.io import read_json, save_figure, write_csv, write_json, write_text
 from fedpipe.pipeline.skip import write_placeholder
 from fedpipe.reference import CITATION, describe, paper_fid, paper_stop_round
 
@@ -230,23 +231,94 @@ def claims_table(results: list[ClaimResult]) -> list[str]:
     return lines
 
 
-def plot_fid_curves(curves: dict[str, dict[float, float]], title: str, meta: dict | None = None):
+# distinct marker and line style per algorithm, so that coinciding curves (FedDDPM+ is FedAvg until
+# its QuickTest stops it) stay visible one over the other
+MARKERS = ["o", "s", "^", "v", "P", "X", "<", ">", "h", "p"]
+FINAL = {"marker": "D", "markersize": 8, "markerfacecolor": "none", "markeredgewidth": 1.8}
+CORRECTED = {"marker": "*", "markersize": 15, "markeredgecolor": "black"}
+LINESTYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
+
+
+def curve_label(meta: dict) -> str:
+    """How the FID-per-round curve is computed, e.g. ``"200 samples, ddim"``."""
+    return ", ".join(str(v) for v in (f"{meta['curve_samples']} samples" if meta.get("curve_samples")
+                                      else None, meta.get("curve_sampler")) if v) or "curve samples"
+
+
+def final_label(meta: dict) -> str:
+    """How the table's final FID is computed, e.g. ``"500 samples, ddpm"``."""
+    return ", ".join(str(v) for v in (f"{meta['fid_samples']} samples" if meta.get("fid_samples")
+                                      else None, meta.get("sampler")) if v) or "final samples"
+
+
+def plot_fid_curves(curves: dict[str, dict[float, float]], title: str, meta: dict | None = None,
+                    finals: dict[str, dict[str, float]] | None = None):
+    """FID per round (mean over seeds), one line per algorithm with its own marker and line style,
+    on a log axis (one far-off method does not squash the others); the legend outside the axes.
+    ``finals`` ({algorithm: {"fid_mean", "stopped_at_mean", "corrected"}}): the table's final FID at
+    the round training stopped, a star where the run ended with a server correction (FedDDPM+),
+    otherwise a hollow diamond. The y-label names the curve's sample count and sampler, the caption
+    the final FID's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for algo, pts in curves.items():
-        ax.plot(list(pts), list(pts.values()), marker=".", label=algo)
+    meta, finals = meta or {}, finals or {}
+    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    corrections = []
+    for i, (algo, pts) in enumerate(curves.items()):
+        line, = ax.plot(list(pts), list(pts.values()), marker=MARKERS[i % len(MARKERS)],
+                        linestyle=LINESTYLES[i % len(LINESTYLES)],
+                        markersize=max(3.5, 7.5 - 0.8 * i),  # a later line's markers sit inside
+                        markerfacecolor="none" if i % 2 else None, label=algo)
+        f = finals.get(algo)
+        if f is None:
+            continue
+        if f.get("corrected"):
+            corrections.append((algo, f["stopped_at_mean"]))
+        ax.plot([f["stopped_at_mean"]], [f["fid_mean"]], linestyle="none", zorder=5,
+                color=line.get_color(), **(CORRECTED if f.get("corrected") else FINAL))
+    handles, _ = ax.get_legend_handles_labels()
+    if finals:
+        handles.append(Line2D([], [], linestyle="none", color="grey", **FINAL,
+                              label=f"final FID of the table\n({final_label(meta)})"))
+    for algo, at in corrections:
+        handles.append(Line2D([], [], linestyle="none", color="grey", **CORRECTED,
+                              label=f"{algo}: final FID after\nits correction (round {at:g})"))
+    values = [v for pts in curves.values() for v in pts.values()] + [
+        f["fid_mean"] for f in finals.values()]
+    if values and min(values) > 0:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 7,
+                                                             8, 9)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="major", alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-    meta = meta or {}
-    how = ", ".join(str(v) for v in (f"{meta['curve_samples']} samples" if meta.get("curve_samples")
-                                     else None, meta.get("curve_sampler")) if v)
-    ax.set_ylabel(f"FID ({how})" if how else "FID (curve samples)")
+    ax.set_ylabel(f"FID, log scale ({curve_label(meta)})")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0.0)
+    fig.text(0.01, 0.01, f"Lines: FID per round on {curve_label(meta)} (mean over seeds). Markers "
+             f"alone: the table's final FID, on {final_label(meta)}, at the round training stopped.",
+             fontsize=7, ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
+
+
+FID_HISTORY_COLUMNS = ["algorithm", "seed", "round", "fid"]
+
+
+def fid_history_rows(runs: dict[str, dict[int, tuple[dict, list]]]) -> list[list]:
+    """One row per evaluated round of every run (algorithm, seed, round, FID of the curve): rounds
+    without an evaluation are absent, so no plot draws them as FID 0."""
+    return [[algo, seed, int(h["round"]), h["test_fid"]]
+            for algo, by_seed in runs.items() for seed, (_, hist) in sorted(by_seed.items())
+            for h in hist if "test_fid" in h]
 
 
 def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERATE_DDPM_DIR,
@@ -262,10 +334,16 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
         tracks["diffusion"] = {a: {s: m for s, (m, _) in by_seed.items()} for a, by_seed in runs.items()}
         summary_, curves, meta = diffusion_summary(runs)
         lines += diffusion_table(study, summary_, meta) + [""]
-        save_figure(out / "fid_curves.png", plot_fid_curves(curves, f"{study.name}: FID per round", meta))
-        written.append(out / "fid_curves.png")
-    else:  # a DVC output of the stage: say why it is empty
+        finals = {a: {**s, "corrected": any(m.get("corrected_at") is not None
+                                            for m, _ in runs[a].values())}
+                  for a, s in summary_.items()}
+        save_figure(out / "fid_curves.png",
+                    plot_fid_curves(curves, f"{study.name}: FID per round", meta, finals))
+        write_csv(out / "fid_history.csv", FID_HISTORY_COLUMNS, fid_history_rows(runs))
+        written += [out / "fid_curves.png", out / "fid_history.csv"]
+    else:  # DVC outputs of the stage: say why they are empty
         write_placeholder(out / "fid_curves.png", "no diffusion-track method in this study")
+        write_csv(out / "fid_history.csv", FID_HISTORY_COLUMNS, [])
     cls, cls_seeds = read_classification(evaluate_dir)
     tracks["classification"] = fednh_claims.with_pm_arms(cls_seeds)  # GM-vs-own-PM claims
     lines += classification_table(cls) + [""]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fedpipe.cli import keep_on_interrupt
 from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
@@ -196,6 +197,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
     models_dir = out / "models"
     resume_dir = checkpoint_dir(out, "models")  # each finished client, as soon as it is done
     resume_dir.mkdir(parents=True, exist_ok=True)
+    keep_on_interrupt(f"every finished client's warm-up model kept in {resume_dir}")
     part = load_partition(partition_path)
     ds = load_dataset(cfg.dataset)
     clients = clients_of(ds, part)

@@ -58,21 +58,33 @@ def one_thread() -> Iterator[None]:
 
 
 def _init_worker() -> None:
+    import signal
+
     import torch
 
     torch.set_num_threads(1)
+    # Ctrl-C reaches the whole process group: the calling process handles it (and stops the
+    # workers), so a worker does not print a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def map_in_processes(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int) -> Iterator[Any]:
     """``fn(job)`` for every job in ``workers`` spawned processes; results in completion order (each
-    result should name its job). An exception in a job is raised here."""
+    result should name its job). An exception in a job is raised here. When the caller stops early
+    (an exception, Ctrl-C), the workers are stopped at once rather than waited for: a job's output is
+    written atomically, so a stopped job leaves nothing half-written."""
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-        futures = [pool.submit(fn, job) for job in jobs]
-        try:
-            for fut in as_completed(futures):
-                yield fut.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker)
+    futures = [pool.submit(fn, job) for job in jobs]
+    try:
+        for fut in as_completed(futures):
+            yield fut.result()
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        # no public API stops a running job; the pool's processes are terminated directly
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)

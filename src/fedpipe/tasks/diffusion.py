@@ -166,13 +166,15 @@ class DiffusionTask:
 
     def sample(self, model: nn.Module, n: int, *, labels: torch.Tensor | None = None,
                sampler: str = "ddpm", steps: int | None = None, generator: torch.Generator,
-               batch_size: int = 256, progress: bool = False) -> torch.Tensor:
+               batch_size: int = 256, progress: bool = False, desc: str | None = None
+               ) -> torch.Tensor:
         """``n`` images (N, C, H, W) in [0, 1] on the CPU, drawn from ``model`` in batches of ``batch_size``.
 
         ``sampler="ddpm"``: ancestral sampling over all T steps (the paper's); ``"ddim"``: DDIM, eta 0,
         with ``steps`` steps. The initial noise x_T and the per-step noise come from ``generator``.
         ``labels`` (int64, length n) is required for a conditional task and refused otherwise. The image
-        shape is ``model.in_shape`` (a :class:`~fedpipe.models.unet.NoisePredictor`).
+        shape is ``model.in_shape`` (a :class:`~fedpipe.models.unet.NoisePredictor`). ``progress``
+        shows a tqdm bar over the denoising steps, named ``desc`` (default: the sampler's name).
         """
         labels = self._check_labels(labels, n)
         sched = self.make_sampler(sampler, steps)
@@ -185,7 +187,8 @@ class DiffusionTask:
         out: list[torch.Tensor] = []
         try:
             with torch.inference_mode(), tqdm(total=n_batches * len(sched.timesteps), disable=not progress,
-                                              desc=f"{sampler} sampling", unit="step") as bar:
+                                              desc=desc or f"{sampler} sampling", unit="step", leave=False,
+                                              mininterval=1.0) as bar:
                 for start in range(0, n, batch_size):
                     b = min(batch_size, n - start)
                     x = torch.randn((b, *in_shape), generator=generator, device=generator.device).to(device)
