@@ -127,7 +127,7 @@ def test_report_mean_std_and_paper_column(track):
     assert rep.summary["fedavg"]["fid_mean"] == pytest.approx(np.mean(fids))
     assert rep.summary["fedavg"]["fid_std"] == pytest.approx(np.std(fids, ddof=1))
     assert f"{paper_fid('mnist/15_shard')['fedddpm']:.3f}" in rep.text and "Table I" in rep.text
-    assert "| fedavg | 80.00 | 70.00 | — | 50.00 | — |" in rep.text
+    assert "| fedavg | 80.00 | — | 70.00 | — | 50.00 | — |" in rep.text
     assert (root / "report" / "fid_curves.png").is_file()
     # two training seeds: every claim with both arms in the study is shown, but not judged
     claims = {c["key"]: c for c in read_json(root / "report" / "claims.json")["claims"]}
