@@ -27,11 +27,12 @@ smoke: $(STAMP)
 	  $(BIN)/python -m fedpipe.claims data/report/claims.json || exit 1; \
 	done
 
+# Two test processes (one per core), a test file per process (module fixtures and order kept).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src stages tests benchmarks

@@ -9,6 +9,13 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("FEDPIPE_TRACKING", "off")
 # Per-client jobs run in this process unless a test asks for worker processes (spawning costs seconds).
 os.environ.setdefault("FEDPIPE_WORKERS", "1")
+# Under pytest-xdist (`make test`: one test process per core) each process, and the stages it runs,
+# uses one torch thread: two processes with 2 threads each on 2 cores run many times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("FEDPIPE_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
