@@ -1,5 +1,6 @@
 """Small stand-ins shared by the algorithm tests."""
 
+import torch
 import torch.nn.functional as F
 
 
@@ -11,3 +12,13 @@ class MSETask:
     def loss(self, model, batch, generator):
         x, y = batch
         return F.mse_loss(model(x), y)
+
+
+def assert_identical(a, b):
+    """Equal bit for bit: state dicts, or named groups of them."""
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_identical(a[k], b[k])
+        else:
+            assert torch.equal(a[k], b[k]), k

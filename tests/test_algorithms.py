@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fakes import MSETask
+from fakes import MSETask, assert_identical
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -338,15 +338,6 @@ def federate(name, cfg, **kw):
                          aggregation=FL.aggregation, num_clients=3)
     return run_federated(s, small_model(), synthetic_clients(), FL, seed=5, progress=False, **kw)
 
-
-def assert_identical(a, b):
-    """Equal bit for bit: state dicts, or named groups of them."""
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            assert_identical(a[k], b[k])
-        else:
-            assert torch.equal(a[k], b[k]), k
 
 
 @pytest.mark.parametrize(("name", "cfg"), CASES)

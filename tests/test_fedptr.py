@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from fakes import assert_identical
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -258,14 +259,6 @@ def test_client_side_initialisation_and_state():
     assert not torch.equal(cstate2["syn"]["x"], syn["x"]) and int(cstate2["mtt"]["last"][0]) == 2
     assert math.isfinite(m["loss"]) and "mtt_loss_last" in m
 
-
-def assert_identical(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            assert_identical(a[k], b[k])
-        else:
-            assert torch.equal(a[k], b[k]), k
 
 
 @pytest.mark.parametrize("name", ["fedptr_s", "fedptr"])

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fakes import MSETask
+from fakes import MSETask, assert_identical
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -419,15 +419,6 @@ def test_each_method_runs_end_to_end_with_personal_accuracy_above_chance():
         assert math.isfinite(acc) and acc > 0.25 + 0.2, (name, acc)  # chance: 1/4
         assert len(res.personal) == 4
 
-
-def assert_identical(a, b):
-    """Equal bit for bit: state dicts, or named groups of them."""
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            assert_identical(a[k], b[k])
-        else:
-            assert torch.equal(a[k], b[k]), k
 
 
 @pytest.mark.parametrize("name", ["ditto", "fedbn", "lg_fedavg", "apfl", "pfedme", "fedrod",

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -150,10 +151,17 @@ class FedDF(Strategy):
     config_class = FedDFConfig
 
     def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
-        if not rnd.updates or not self.cfg.distills_in(rnd.index):
-            return state
-        data = require_server_data(rnd, self.name)
-        teachers = [{**state.weights, **u.weights} for u in rnd.updates]
-        weights, _ = distill_weights(self, state.weights, teachers, data, self.cfg,
-                                     rnd.generator("distill"))
-        return ServerState(weights=weights, extra=state.extra, meta=state.meta)
+        return distill_round(self, state, rnd)
+
+
+def distill_round(strategy: Any, state: ServerState, rnd: RoundInfo) -> ServerState:
+    """The server step of FedDF and PerAda: in a distillation round with updates, distil the global
+    model (student) from the round's local models (teachers: the global weights overlaid with each
+    update) on the server data; otherwise the state unchanged."""
+    if not rnd.updates or not strategy.cfg.distills_in(rnd.index):
+        return state
+    data = require_server_data(rnd, strategy.name)
+    teachers = [{**state.weights, **u.weights} for u in rnd.updates]
+    weights, _ = distill_weights(strategy, state.weights, teachers, data, strategy.cfg,
+                                 rnd.generator("distill"))
+    return ServerState(weights=weights, extra=state.extra, meta=state.meta)

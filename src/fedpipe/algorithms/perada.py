@@ -44,12 +44,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.feddf import DistillConfig, distill_weights, global_rng_from
+from fedpipe.algorithms.feddf import DistillConfig, distill_round, global_rng_from
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import ClientUpdate, Payload, ServerState, trainable, weighted_average
-from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy, require_server_data
+from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy
 from fedpipe.models.adapters import (
     ADAPTER_DROPOUT,
     ADAPTER_INIT_STD,
@@ -154,13 +154,7 @@ class PerAda(Strategy):
 
     def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
         """R steps of ensemble distillation of w from the round's local adapters."""
-        if not (self.cfg.kd and rnd.updates and self.cfg.distills_in(rnd.index)):
-            return state
-        data = require_server_data(rnd, self.name)
-        teachers = [{**state.weights, **u.weights} for u in rnd.updates]
-        weights, _ = distill_weights(self, state.weights, teachers, data, self.cfg,
-                                     rnd.generator("distill"))
-        return ServerState(weights=weights, extra=state.extra, meta=state.meta)
+        return distill_round(self, state, rnd) if self.cfg.kd else state
 
 
 class PerAdaNoKD(PerAda):
