@@ -30,6 +30,34 @@ def test_digits_fixed_stratified_split():
     assert not torch.equal(other.test.x, ds.test.x)
 
 
+@pytest.mark.parametrize("holdout", [0.0, 0.2])
+def test_digits_cache_gives_the_uncached_split(tmp_path, monkeypatch, holdout):
+    """The split read back from the cache file equals the one scikit-learn computes; a damaged
+    cache file is rebuilt, and an unwritable cache folder only skips the cache."""
+    from fedpipe.data import datasets
+
+    cfg = dataset_config({"name": "digits", "holdout_fraction": holdout})
+    monkeypatch.setenv("FEDPIPE_CACHE_DIR", str(tmp_path / "c"))
+    first = load_dataset(cfg)  # computes and writes the file
+    files = list((tmp_path / "c").glob("digits-*.npz"))
+    assert len(files) == 1
+    ref = datasets._digits_split(cfg)
+    for arr, split in ((ref["train"], first.train), (ref["test"], first.test)):
+        assert torch.equal(split.x, torch.from_numpy(ref["x"][arr]).unsqueeze(1))
+        assert torch.equal(split.y, torch.from_numpy(ref["y"][arr]))
+    assert (first.holdout is None) == (holdout == 0)
+    cached = load_dataset(cfg)  # read from the file
+    assert torch.equal(cached.train.x, first.train.x) and torch.equal(cached.test.y, first.test.y)
+    if holdout:
+        assert torch.equal(cached.holdout.x, first.holdout.x)
+    files[0].write_bytes(b"not a zip")
+    assert torch.equal(load_dataset(cfg).test.x, first.test.x)
+    assert files[0].read_bytes() != b"not a zip"  # rebuilt
+    (tmp_path / "blocked").write_text("a file where the folder should be")
+    monkeypatch.setenv("FEDPIPE_CACHE_DIR", str(tmp_path / "blocked"))
+    assert torch.equal(load_dataset(cfg).train.y, first.train.y)
+
+
 def test_synthetic_shapes_and_classes():
     cfg = dataset_config({"name": "synthetic", "classes": 3, "channels": 3, "image_size": 6,
                           "train_per_class": 5, "test_per_class": 2})

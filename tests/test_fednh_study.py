@@ -18,7 +18,7 @@ from fedpipe.config.fl import StudyConfig
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("preset,clients,rounds", [("fednh_smoke", 20, 20), ("fednh_cifar10", 100, 200),
+@pytest.mark.parametrize("preset,clients,rounds", [("fednh_smoke", 20, 15), ("fednh_cifar10", 100, 200),
                                                    ("fednh_cifar100", 100, 200)])
 def test_fednh_studies_compose_and_validate(tmp_path, preset, clients, rounds):
     from fedpipe.config.compose import compose_params

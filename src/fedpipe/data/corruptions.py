@@ -62,7 +62,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
 from fedpipe.config import ConfigError
@@ -109,6 +108,8 @@ def gaussian_blur(x: torch.Tensor, severity: int, generator: torch.Generator | N
     radius = max(0, min(int(4.0 * sigma + 0.5), min(x.shape[-2:]) - 1))
     if radius == 0:
         return x.clone()
+    import torchvision.transforms.v2.functional as TF  # on first use (1.8 s of imports)
+
     out = TF.gaussian_blur(x, kernel_size=[2 * radius + 1] * 2, sigma=[sigma, sigma])
     return out.clamp(0.0, 1.0)
 

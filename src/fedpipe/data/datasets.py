@@ -7,7 +7,12 @@ stratified split.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +65,20 @@ def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...
     return tuple(round(m, 4) for m in mean), tuple(round(s, 4) for s in std)
 
 
-def load_digits(cfg: DigitsConfig) -> Dataset:
-    """scikit-learn's handwritten digits: 1,797 real 8x8 images (values 0..16 scaled to [0, 1])."""
+DIGITS_CACHE_FORMAT = 1  # bump when the arrays below change, so that old cache files are not read
+
+
+def digits_cache_dir() -> Path:
+    """Where the digits split is cached: ``$FEDPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedpipe``,
+    else ``~/.cache/fedpipe``."""
+    if os.environ.get("FEDPIPE_CACHE_DIR"):
+        return Path(os.environ["FEDPIPE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fedpipe"
+
+
+def _digits_split(cfg: DigitsConfig) -> dict[str, np.ndarray]:
+    """Images, labels and the stratified train / test / holdout indices (sorted)."""
     from sklearn.datasets import load_digits as sk_load_digits
     from sklearn.model_selection import train_test_split
 
@@ -70,14 +87,50 @@ def load_digits(cfg: DigitsConfig) -> Dataset:
     y = bunch.target.astype(np.int64)
     idx_train, idx_test = train_test_split(
         np.arange(len(y)), test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=y)
-    holdout = None
+    idx_hold = np.zeros(0, dtype=np.int64)
     if cfg.holdout_fraction > 0:  # a stratified slice of the training pool, same split seed
         idx_train, idx_hold = train_test_split(idx_train, test_size=cfg.holdout_fraction,
                                                random_state=cfg.split_seed, stratify=y[idx_train])
-        idx_hold.sort()
+    return {"x": x, "y": y, "train": np.sort(idx_train), "test": np.sort(idx_test),
+            "holdout": np.sort(idx_hold)}
+
+
+def _cached_digits_split(cfg: DigitsConfig) -> dict[str, np.ndarray]:
+    """:func:`_digits_split`, read from a small cache file when one matches.
+
+    Every stage loads the dataset, and importing scikit-learn alone costs about 0.7 s of each
+    stage's start-up. The file's name holds the scikit-learn version (the source of the images
+    and of the split) and the split settings; an unreadable file is rebuilt, an unwritable cache
+    folder is skipped."""
+    from importlib.metadata import version
+
+    key = json.dumps([DIGITS_CACHE_FORMAT, version("scikit-learn"), cfg.test_fraction,
+                      cfg.split_seed, cfg.holdout_fraction])
+    path = digits_cache_dir() / f"digits-{hashlib.md5(key.encode()).hexdigest()}.npz"
+    try:
+        with np.load(path) as f:
+            return {k: f[k] for k in ("x", "y", "train", "test", "holdout")}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        pass
+    arrays = _digits_split(cfg)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as tmp:
+            np.savez(tmp, **arrays)
+        os.replace(tmp.name, path)
+    except OSError as e:
+        log.debug("digits cache not written (%s)", e)
+    return arrays
+
+
+def load_digits(cfg: DigitsConfig) -> Dataset:
+    """scikit-learn's handwritten digits: 1,797 real 8x8 images (values 0..16 scaled to [0, 1])."""
+    a = _cached_digits_split(cfg)
+    x, y, idx_train, idx_test = a["x"], a["y"], a["train"], a["test"]
+    holdout = None
+    if cfg.holdout_fraction > 0:
+        idx_hold = a["holdout"]
         holdout = Split(torch.from_numpy(x[idx_hold]).unsqueeze(1), torch.from_numpy(y[idx_hold]))
-    idx_train.sort()
-    idx_test.sort()
     train = Split(torch.from_numpy(x[idx_train]).unsqueeze(1), torch.from_numpy(y[idx_train]))
     test = Split(torch.from_numpy(x[idx_test]).unsqueeze(1), torch.from_numpy(y[idx_test]))
     mean, std = _channel_stats(train.x)

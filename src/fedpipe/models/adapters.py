@@ -35,10 +35,10 @@ share is much larger than ResNet-18's (report the ratio you get, spec §6.2).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock
 
 from fedpipe.models.classifiers import Classifier, Shape
 
@@ -61,19 +61,43 @@ class AdapterBlock(nn.Module):
         return x + self.conv(self.dropout(self.bn(x)))
 
 
-class AdaptedBasicBlock(BasicBlock):
-    """torchvision's ``BasicBlock`` with ``adapter1`` after conv1 and ``adapter2`` after conv2.
-    Instances are made by :func:`add_adapters` (it re-classes existing blocks, so the backbone's
-    parameter names stay as they are)."""
+def _basic_block() -> type[nn.Module]:
+    """torchvision's ``BasicBlock``, imported on first use: importing torchvision costs about
+    1.8 s, which every classification stage would pay at start-up otherwise."""
+    from torchvision.models.resnet import BasicBlock
 
-    adapter1: AdapterBlock
-    adapter2: AdapterBlock
+    return BasicBlock
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.adapter1(self.conv1(x))))
-        out = self.bn2(self.adapter2(self.conv2(out)))
-        return self.relu(out + identity)
+
+def _adapted_block_class() -> type[nn.Module]:
+    BasicBlock = _basic_block()
+
+    class AdaptedBasicBlock(BasicBlock):
+        """torchvision's ``BasicBlock`` with ``adapter1`` after conv1 and ``adapter2`` after conv2.
+        Instances are made by :func:`add_adapters` (it re-classes existing blocks, so the
+        backbone's parameter names stay as they are)."""
+
+        adapter1: AdapterBlock
+        adapter2: AdapterBlock
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.adapter1(self.conv1(x))))
+            out = self.bn2(self.adapter2(self.conv2(out)))
+            return self.relu(out + identity)
+
+    # picklable by name, as if defined at module level
+    AdaptedBasicBlock.__module__, AdaptedBasicBlock.__qualname__ = __name__, "AdaptedBasicBlock"
+    return AdaptedBasicBlock
+
+
+def __getattr__(name: str) -> Any:
+    """``AdaptedBasicBlock`` is made on first access (it subclasses torchvision's ``BasicBlock``)."""
+    if name == "AdaptedBasicBlock":
+        if name not in globals():
+            globals()[name] = _adapted_block_class()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_adapters(model: nn.Module, dropout: float = ADAPTER_DROPOUT,
@@ -81,6 +105,7 @@ def add_adapters(model: nn.Module, dropout: float = ADAPTER_DROPOUT,
     """Put two adapters in every ``BasicBlock`` of ``model`` (in place; returns ``model``).
     Adapter weights draw from torch's global RNG (call it inside the caller's seeded fork, as
     ``make_model`` does). A model without BasicBlocks is an error."""
+    BasicBlock, AdaptedBasicBlock = _basic_block(), __getattr__("AdaptedBasicBlock")
     blocks = [m for m in model.modules() if isinstance(m, BasicBlock)]
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no torchvision BasicBlock to put adapters in "
@@ -162,6 +187,7 @@ class _ResNetBody(nn.Module):
 
     def __init__(self, channels: int, widths: Sequence[int]) -> None:
         super().__init__()
+        BasicBlock = _basic_block()
         self.conv1 = nn.Conv2d(channels, widths[0], 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
         self.relu = nn.ReLU(inplace=True)

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from functools import partial
 
 import torch
-import torchvision
 from torch import nn
 
 Shape = tuple[int, int, int]
@@ -221,6 +220,8 @@ class ResNet18(Classifier):
             raise ValueError(f"resnet18 norm={norm!r} is not allowed; allowed: {sorted(norms)}")
         if stem not in ("cifar", "imagenet"):
             raise ValueError(f"resnet18 stem={stem!r} is not allowed; allowed: ['cifar', 'imagenet']")
+        import torchvision  # on first use: importing torchvision costs about 1.8 s per stage
+
         net = torchvision.models.resnet18(weights=None, norm_layer=norms[norm])
         if stem == "cifar" or in_shape[0] != 3:
             k, s, p = (3, 1, 1) if stem == "cifar" else (7, 2, 3)
