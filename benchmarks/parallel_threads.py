@@ -78,9 +78,9 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     args = ap.parse_args()
     c = args.cores
-    arms = {"alone (1 experiment, %d jobs x 1 thread)" % c: (c, 1),
-            "before (2 experiments, 1 job x %d threads each)" % c: (2, c),
-            "after (2 experiments, %d jobs x 1 thread each)" % c: (2 * c, 1)}
+    arms = {f"alone (1 experiment, {c} jobs x 1 thread)": (c, 1),
+            f"before (2 experiments, 1 job x {c} threads each)": (2, c),
+            f"after (2 experiments, {c} jobs x 1 thread each)": (2 * c, 1)}
     total = {}
     for name, (jobs, threads) in arms.items():
         one, all_ = run_arm(jobs, threads, args.steps)
