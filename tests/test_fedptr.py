@@ -409,3 +409,24 @@ def test_studies_compose_and_validate(study, tmp_path):
     if study != "fedptr_smoke":
         assert p["fl"]["local"]["batch_size"] == 500 and p["fl"]["local"]["lr"] == 0.01
         assert {"fedptr", "fedptr_s", "scaffold", "feddyn", "feddc"} <= set(p["study"]["algorithms"])
+
+
+@pytest.mark.parametrize("overrides", [["partition.alpha=0.04", "fl.participation=0.3"],
+                                       ["partition.num_clients=40", "fl.participation=0.25"]])
+def test_other_columns_of_tables_1_2_compose(overrides, tmp_path):
+    """The study files' documented overrides for the other columns (Dir(0.04), 50% / 30%, Table 2's
+    40 clients at 25%) compose and validate."""
+    from pathlib import Path
+
+    from fedpipe.config.compose import compose_params
+    from fedpipe.config.core import load_params
+    from fedpipe.config.stages import partition_stage_config
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_params(compose_params(root, ["study=fedptr_cifar100", *overrides],
+                                   output=str(tmp_path / "params.yaml")))
+    part = partition_stage_config(p)
+    want = dict(o.split("=") for o in overrides)
+    assert p["fl"]["participation"] == float(want["fl.participation"])
+    assert part.partition.alpha == float(want.get("partition.alpha", 0.01))
+    assert part.partition.num_clients == int(want.get("partition.num_clients", 10))
