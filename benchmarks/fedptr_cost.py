@@ -124,40 +124,35 @@ def measure(args, ds, clients, clock: Clock) -> None:
             "one-shot": ("fedptr_s_once", SMOKE)}
     avg: list[float] = []
     total: dict[str, list[float]] = {k: [] for k in arms}
-    mtt: dict[str, list[float]] = {k: [] for k in arms}
+    mtt: list[float] = []
     proj: list[float] = []
     updates: dict[str, int] = {}
-    paper: list[float] = []
-    paper_avg: list[float] = []
-    for _ in range(args.repeats):
+    for rep in range(args.repeats):
         avg.append(run("fedavg", ds, clients, 32, None, args.rounds))
         for key, (name, cfg) in arms.items():
             clock.reset()
             total[key].append(run(name, ds, clients, 32, cfg, args.rounds))
             updates[key] = clock.calls["mtt"]
-            mtt[key].append(clock.seconds["mtt"] / max(clock.calls["mtt"], 1))
             if key == "F = 1":
-                proj.append(clock.seconds["project"] / max(clock.calls["project"], 1))
-        if args.paper_shape:  # two rounds: the MTT update of round t = 2 > m alone counts
-            paper_avg.append(run("fedavg", ds, clients, 128, None, 2) / 2)
-            clock.reset()
-            run("fedptr_s", ds, clients, 128, {"ipc": 10, "mtt_iterations": 20, "proj_lr": 0.05}, 2)
-            paper.append(clock.seconds["mtt"] / max(clock.calls["mtt"], 1))
-    a = statistics.median(avg) / args.rounds
-    m1 = statistics.median(mtt["F = 1"])
-    print(f"smoke setting, {args.rounds} rounds, median of {args.repeats} (CPU s, one thread):")
-    print(f"  FedAvg round {a:.3f} s; one MTT update (H = 5, R = 10, 20 images) {m1:.3f} s = "
-          f"{m1 / a:.2f} FedAvg rounds; projection (K = 5) {statistics.median(proj):.4f} s/round "
-          f"= {statistics.median(proj) / a:.3f} FedAvg rounds")
-    for key in arms:
-        t = statistics.median(total[key])
-        print(f"  FedPTR-S {key}: {updates[key]} MTT updates, total {t:.2f} s vs FedAvg "
-              f"{statistics.median(avg):.2f} s: x{t / statistics.median(avg):.2f}")
-    if paper:
-        p = statistics.median(paper)
-        pa = statistics.median(paper_avg)
-        print(f"  paper MTT shape (width 128, ipc 10, H = 20, R = 10): FedAvg round (width 128) "
-              f"{pa:.3f} s; one MTT update {p:.2f} s = {p / pa:.1f} FedAvg rounds")
+                mtt.append(clock.seconds["mtt"] / clock.calls["mtt"])
+                proj.append(clock.seconds["project"] / clock.calls["project"])
+        a = statistics.median(avg)
+        r, m1, p1 = a / args.rounds, statistics.median(mtt), statistics.median(proj)
+        print(f"smoke setting, {args.rounds} rounds, median of {rep + 1} repeat(s) (CPU s, one "
+              f"thread):\n  FedAvg round {r:.3f} s; one MTT update (H = 5, R = 10, 20 images) "
+              f"{m1:.3f} s = {m1 / r:.2f} FedAvg rounds; projection (K = 5) {p1:.4f} s/round = "
+              f"{p1 / r:.3f} FedAvg rounds", flush=True)
+        for key in arms:
+            t = statistics.median(total[key])
+            print(f"  FedPTR-S {key}: {updates[key]} MTT updates, total {t:.2f} s vs FedAvg "
+                  f"{a:.2f} s: x{t / a:.2f}", flush=True)
+    if args.paper_shape:  # two rounds each: the MTT update of round t = 2 > m alone counts
+        pa = run("fedavg", ds, clients, 128, None, 2) / 2
+        clock.reset()
+        run("fedptr_s", ds, clients, 128, {"ipc": 10, "mtt_iterations": 20, "proj_lr": 0.05}, 2)
+        p = clock.seconds["mtt"] / clock.calls["mtt"]
+        print(f"  paper MTT shape (width 128, ipc 10, H = 20, R = 10), one run: FedAvg round "
+              f"(width 128) {pa:.3f} s; one MTT update {p:.2f} s = {p / pa:.1f} FedAvg rounds")
 
 
 if __name__ == "__main__":
