@@ -21,7 +21,7 @@ from fedpipe.algorithms.fedptr import layer_groups, ptr_penalty
 from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl import RoundInfo, run_federated
+from fedpipe.fl import Payload, RoundInfo, run_federated
 from fedpipe.fl.mtt import (
     DSA_FAMILIES,
     MTTSettings,
@@ -261,6 +261,100 @@ def test_client_side_initialisation_and_state():
 
 
 
+def two_layer() -> nn.Module:
+    """x -> A x + a -> B h + b (no non-linearity), float64: two layers for the per-layer pull."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 3)).to(DT)
+
+
+def hand_ce_grads(w, x, y):
+    """Gradients of the mean cross-entropy of the two-layer linear net, by the chain rule."""
+    h = x @ w["0.weight"].T + w["0.bias"]
+    p = torch.softmax(h @ w["1.weight"].T + w["1.bias"], dim=1)
+    g = (p - torch.nn.functional.one_hot(y, 3).to(DT)) / len(y)  # dL/dlogits
+    dh = g @ w["1.weight"]
+    return {"1.weight": g.T @ h, "1.bias": g.sum(0), "0.weight": dh.T @ x, "0.bias": dh.sum(0)}
+
+
+@pytest.mark.parametrize("variant", ["adaptive", "fixed", "no_projection"])
+def test_one_local_step_by_hand(variant):
+    """Alg. 2-3 line 12, one full-batch step of local SGD (momentum's first step is plain SGD):
+    w1 = w0 - lr (grad CE + per layer lambda d_j / ||d_j||) with the stop-gradient layer-adaptive
+    lambda_j, lambda d with a fixed lambda, and plain SGD when no w~ has been sent (t <= m)."""
+    lam, lr = 0.3, 0.1
+    local = LocalTrainConfig(steps=1, batch_size=4, lr=lr, momentum=0.5)
+    s = ALGORITHMS["fedptr_s"](ClassificationTask(), two_layer, local,
+                               algorithm_config("fedptr_s", {"lam": lam,
+                                                             "layer_adaptive": variant != "fixed"}),
+                               num_clients=1)
+    w0 = {k: v.detach().clone() for k, v in two_layer().state_dict().items()}
+    g = torch.Generator().manual_seed(5)
+    proj = {k: v + torch.randn(v.shape, generator=g, dtype=DT) for k, v in w0.items()}
+    x = torch.tensor([[1.0, -1.0], [0.5, 2.0], [-1.5, 0.0], [2.0, 1.0]], dtype=DT)
+    y = torch.tensor([0, 2, 1, 2])
+    extra = {} if variant == "no_projection" else {"proj": proj}
+    update, _, _ = s.client_update(Payload(round=3, weights=w0, extra=extra), {}, ClientData(x, y),
+                                   torch.Generator().manual_seed(0), 0)
+    grads = hand_ce_grads(w0, x, y)
+    for layer in ("0", "1"):
+        names = (f"{layer}.weight", f"{layer}.bias")
+        norm = math.sqrt(sum(float(((w0[n] - proj[n]) ** 2).sum()) for n in names))
+        for n in names:
+            pull = {"adaptive": lam * (w0[n] - proj[n]) / norm, "fixed": lam * (w0[n] - proj[n]),
+                    "no_projection": torch.zeros_like(w0[n])}[variant]
+            expected = w0[n] - lr * (grads[n] + pull)
+            assert torch.allclose(update.weights[n], expected, atol=1e-12), (variant, n)
+            assert variant == "no_projection" or pull.abs().max() > 1e-3
+
+
+def test_cost_benchmark_clock_counts_mtt_and_projection():
+    """benchmarks/fedptr_cost.py times MTT and the projection by wrapping them: with F = 2 over 5
+    rounds (m = 1) MTT runs at t = 2, 4 and the projection at every t = 2..5; the wrappers go on
+    exit."""
+    import importlib.util
+    from pathlib import Path
+
+    import fedpipe.algorithms.fedptr as module
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fedptr_cost.py"
+    spec = importlib.util.spec_from_file_location("fedptr_cost", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    original = module.mtt_update
+    fl = FLConfig(rounds=5, participation=1.0, local=LOCAL)
+    with bench.Clock() as clock:
+        assert module.mtt_update is not original
+        run_federated(strategy("fedptr_s", mtt_every=2), conv_model(), clients(), fl, seed=0,
+                      progress=False)
+    assert clock.calls == {"mtt": 2, "project": 4}
+    assert clock.seconds["mtt"] > 0 and module.mtt_update is original
+
+
+def test_report_section_prints_tables_1_2_and_7_beside_ours():
+    from fedpipe.claims import fedptr as fc
+    from fedpipe.config.fl import StudyConfig
+
+    metrics = {"fedavg": {"test_accuracy_last5": 0.5, "test_accuracy_last5_std": 0.01, "seeds": 3},
+               "fedptr_s_once": {"test_accuracy_last5": 0.6, "test_accuracy_last5_std": 0.02,
+                                 "seeds": 3}}
+    assert fc.report_section(StudyConfig(name="fedptr_cifar10", algorithms=["fedavg"]), metrics) == []
+    c100 = "\n".join(fc.report_section(StudyConfig(name="fedptr_cifar100",
+                                                   algorithms=["fedavg", "fedptr"]), metrics))
+    # ours, then Table 1's six columns (100/50/30%, Dir(0.01) | Dir(0.04)), then Table 2's two
+    assert ("| fedavg | 50.00 ± 1.00 | 37.32 | 39.65 | 37.07 | 38.22 | 29.68 | 32.95 | 32.68 | 38.35 |"
+            in c100)
+    assert "T7" not in c100 and "not in the paper" not in c100
+    fm = "\n".join(fc.report_section(StudyConfig(name="fedptr_fmnist", algorithms=["fedptr_s"]),
+                                     {"fedptr_s": {"test_accuracy_last5": 0.8}}))
+    assert "| fedptr_s | 80.00 | 85.48 | 85.90 | 81.71 | 83.05 | 76.78 | 79.48 | — | 84.68 |" in fm
+    smoke = "\n".join(fc.report_section(StudyConfig(name="fedptr_smoke",
+                                                    algorithms=["fedavg", "fedptr_s_once"]), metrics))
+    assert "not in the paper" in smoke  # digits: CIFAR10's columns, the claims' reference
+    assert ("| fedavg | 50.00 ± 1.00 | 55.43 | 65.44 | 49.90 | 56.84 | 41.82 | 48.50 | — | 58.00 | — |"
+            in smoke)
+    assert "| fedptr_s_once | 60.00 ± 2.00 | " + "— | " * 8 + "65.34 |" in smoke
+
+
 @pytest.mark.parametrize("name", ["fedptr_s", "fedptr"])
 def test_deterministic_and_resumable(name, tmp_path):
     def federate(**kw):
@@ -315,3 +409,24 @@ def test_studies_compose_and_validate(study, tmp_path):
     if study != "fedptr_smoke":
         assert p["fl"]["local"]["batch_size"] == 500 and p["fl"]["local"]["lr"] == 0.01
         assert {"fedptr", "fedptr_s", "scaffold", "feddyn", "feddc"} <= set(p["study"]["algorithms"])
+
+
+@pytest.mark.parametrize("overrides", [["partition.alpha=0.04", "fl.participation=0.3"],
+                                       ["partition.num_clients=40", "fl.participation=0.25"]])
+def test_other_columns_of_tables_1_2_compose(overrides, tmp_path):
+    """The study files' documented overrides for the other columns (Dir(0.04), 50% / 30%, Table 2's
+    40 clients at 25%) compose and validate."""
+    from pathlib import Path
+
+    from fedpipe.config.compose import compose_params
+    from fedpipe.config.core import load_params
+    from fedpipe.config.stages import partition_stage_config
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_params(compose_params(root, ["study=fedptr_cifar100", *overrides],
+                                   output=str(tmp_path / "params.yaml")))
+    part = partition_stage_config(p)
+    want = dict(o.split("=") for o in overrides)
+    assert p["fl"]["participation"] == float(want["fl.participation"])
+    assert part.partition.alpha == float(want.get("partition.alpha", 0.01))
+    assert part.partition.num_clients == int(want.get("partition.num_clients", 10))

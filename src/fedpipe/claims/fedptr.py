@@ -17,12 +17,22 @@ of Table 7). Encoded as the paper states them, with its numbers in ``source``:
 
 The direction of each claim is read from the reference column (all are "higher" in the 100%
 Dir(0.01) columns). Arms absent from a study show as "not evaluated" (the smoke study runs FedAvg,
-FedProx, FedPTR-S and the one-shot variant). Not encoded: the robustness-to-alpha claim and the
-partial-participation gains (they compare studies), the ablations (Tables 3-8) and the MIA numbers.
+FedProx, FedPTR-S and the one-shot variant). The claims see only the study (its name and arms), not
+its partition or participation: a paper-scale study run at another column (``-S partition.alpha=0.04``,
+``-S fl.participation=0.5``, 40 clients at 25% for Table 2) is still judged against the 100%
+Dir(0.01) column's directions, and its own column is read in the report section. Not encoded: the
+robustness-to-alpha claim and the partial-participation gains (they compare studies), Table 2's
+"best in 3 of 4 settings" (one study runs one setting), the ablations (Tables 3-8) and the MIA
+numbers.
+
+:func:`report_section` prints our mean accuracy of the last 5 rounds beside every column of
+Tables 1 and 2 for the study's dataset (and Table 7's FedPTR-S rows on CIFAR10), as
+:mod:`fedpipe.claims.fednh` does for FedNH's Tables 1 and 2.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fedpipe.claims import Claim
@@ -33,22 +43,60 @@ if TYPE_CHECKING:
 PAPER = "FedPTR (Chen et al. 2023)"
 METRIC = "test_accuracy_last5"
 BASELINES = ("fedavg", "fedprox", "scaffold", "feddyn", "feddc")
+METHODS = (*BASELINES, "fedptr", "fedptr_s")
+"""The column order of Tables 1 and 2."""
+FEDPTR_ARMS = ("fedptr", "fedptr_s", "fedptr_s_once")
 NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn",
          "feddc": "FedDC", "fedptr": "FedPTR", "fedptr_s": "FedPTR-S",
          "fedptr_s_once": "FedPTR-S (one-shot MTT)"}
-# Table 1, 100% participation, Dir(0.01), 10 clients (test accuracy %, mean of the last 5 rounds)
-TABLE_1 = {
-    "FMNIST": {"fedavg": 83.69, "fedprox": 83.75, "scaffold": 82.21, "feddyn": 84.36, "feddc": 78.23,
-               "fedptr": 85.11, "fedptr_s": 85.48},
-    "CIFAR10": {"fedavg": 55.43, "fedprox": 55.94, "scaffold": 56.58, "feddyn": 62.29, "feddc": 52.55,
-                "fedptr": 69.04, "fedptr_s": 68.16},
-    "CIFAR100": {"fedavg": 37.32, "fedprox": 37.33, "scaffold": 42.02, "feddyn": 41.73,
-                 "feddc": 39.52, "fedptr": 44.98, "fedptr_s": 44.82},
+DATASETS = ("FMNIST", "CIFAR10", "CIFAR100")
+
+
+def _rows(table: dict[str, tuple[float, ...]]) -> dict[str, dict[str, float]]:
+    return {ds: dict(zip(METHODS, accs, strict=True)) for ds, accs in table.items()}
+
+
+# Table 1: 10 clients; (participation, Dirichlet alpha) -> dataset -> method -> test accuracy (%),
+# mean of the last 5 rounds; columns FedAvg, FedProx, SCAFFOLD, FedDyn, FedDC, FedPTR, FedPTR-S
+TABLE_1: dict[tuple[float, float], dict[str, dict[str, float]]] = {
+    (1.0, 0.01): _rows({"FMNIST": (83.69, 83.75, 82.21, 84.36, 78.23, 85.11, 85.48),
+                        "CIFAR10": (55.43, 55.94, 56.58, 62.29, 52.55, 69.04, 68.16),
+                        "CIFAR100": (37.32, 37.33, 42.02, 41.73, 39.52, 44.98, 44.82)}),
+    (1.0, 0.04): _rows({"FMNIST": (85.05, 84.94, 84.59, 85.26, 82.17, 86.80, 85.90),
+                        "CIFAR10": (65.44, 65.46, 68.98, 70.26, 68.93, 72.78, 73.07),
+                        "CIFAR100": (39.65, 39.63, 44.66, 45.57, 44.23, 45.87, 46.10)}),
+    (0.5, 0.01): _rows({"FMNIST": (81.02, 81.05, 75.57, 79.39, 73.18, 81.76, 81.71),
+                        "CIFAR10": (49.90, 50.28, 54.91, 56.81, 50.65, 56.95, 54.24),
+                        "CIFAR100": (37.07, 37.04, 37.35, 37.61, 37.98, 40.11, 39.49)}),
+    (0.5, 0.04): _rows({"FMNIST": (81.75, 81.73, 77.42, 80.71, 77.44, 82.85, 83.05),
+                        "CIFAR10": (56.84, 56.80, 57.58, 59.45, 61.31, 65.60, 65.06),
+                        "CIFAR100": (38.22, 38.24, 38.33, 40.68, 40.50, 43.63, 44.99)}),
+    (0.3, 0.01): _rows({"FMNIST": (75.89, 76.40, 73.05, 75.09, 73.09, 76.79, 76.78),
+                        "CIFAR10": (41.82, 43.06, 47.92, 45.20, 44.01, 48.94, 47.41),
+                        "CIFAR100": (29.68, 29.65, 29.18, 30.80, 32.67, 35.41, 33.64)}),
+    (0.3, 0.04): _rows({"FMNIST": (77.79, 78.75, 77.11, 78.89, 76.99, 79.03, 79.48),
+                        "CIFAR10": (48.50, 48.52, 53.14, 44.21, 55.72, 56.67, 57.75),
+                        "CIFAR100": (32.95, 32.87, 37.46, 36.82, 37.57, 37.49, 38.21)}),
 }
-TABLE_7_ONE_SHOT = 65.34  # FedPTR-S, MTT once, CIFAR10 Dir(0.01)
+# Table 2: 40 clients, 25% participation; alpha -> dataset -> method. FMNIST and CIFAR10 are not
+# run at Dir(0.01) with 40 clients (some clients would get no data, App. D).
+TABLE_2: dict[float, dict[str, dict[str, float]]] = {
+    0.01: _rows({"CIFAR100": (32.68, 32.71, 36.07, 29.91, 35.66, 37.50, 36.40)}),
+    0.04: _rows({"FMNIST": (83.73, 83.77, 79.76, 78.78, 82.71, 85.92, 84.68),
+                 "CIFAR10": (58.00, 58.06, 58.32, 54.11, 55.13, 60.30, 59.73),
+                 "CIFAR100": (38.35, 38.32, 40.34, 38.67, 42.74, 41.90, 41.11)}),
+}
+# Table 7: FedPTR-S on CIFAR10, Dir(0.01), 10 clients, 100%, by MTT update frequency
+TABLE_7 = {"per 1 round": 68.16, "per 4 rounds": 65.42, "per 10 rounds": 65.97,
+           "per 40 rounds": 65.82, "one-shot": 65.34}
+TABLE_7_ONE_SHOT = TABLE_7["one-shot"]
+CLAIMS_COLUMN = (1.0, 0.01)
+"""The column the claims read their direction and numbers from (see the module docstring)."""
 
 
 def reference_dataset(study: StudyConfig) -> str:
+    """The dataset whose column the claims cite: the study's, by name; CIFAR10 otherwise (the smoke
+    study: the setting the paper headlines and the only dataset of Table 7)."""
     name = study.name.lower()
     if "cifar100" in name:
         return "CIFAR100"
@@ -57,9 +105,16 @@ def reference_dataset(study: StudyConfig) -> str:
     return "CIFAR10"
 
 
+def paper_dataset(study: StudyConfig) -> str | None:
+    """The dataset a study reproduces (``fedptr_cifar10`` -> ``CIFAR10``), or None (the smoke study,
+    on digits, which the paper does not run)."""
+    ds = study.name.lower().removeprefix("fedptr_").upper()
+    return ds if ds in DATASETS else None
+
+
 def claims(study: StudyConfig) -> list[Claim]:
     ds = reference_dataset(study)
-    col = TABLE_1[ds]
+    col = TABLE_1[CLAIMS_COLUMN][ds]
     where = f"Table 1, 100% participation, Dir(0.01), {ds}"
     out = []
     for method in ("fedptr_s", "fedptr"):
@@ -69,10 +124,61 @@ def claims(study: StudyConfig) -> list[Claim]:
                                     f"{NAMES[b]} accuracy (mean of the last 5 rounds)",
                              "classification", METRIC, method, b, "higher" if higher else "lower",
                              f"{where}: {col[method]:.2f} vs {col[b]:.2f}"))
-    c10 = TABLE_1["CIFAR10"]
+    c10 = TABLE_1[CLAIMS_COLUMN]["CIFAR10"]
     for b in ("fedavg", "feddyn"):
         out.append(Claim(PAPER, f"{NAMES['fedptr_s_once']} accuracy > {NAMES[b]} accuracy (mean of "
                                 "the last 5 rounds)", "classification", METRIC, "fedptr_s_once", b,
                          "higher", f"Table 7 (one-shot {TABLE_7_ONE_SHOT:.2f}) vs Table 1 "
                                    f"({NAMES[b]} {c10[b]:.2f}), CIFAR10 Dir(0.01), 100%; §5.3"))
     return out
+
+
+# -- the report section: ours beside Tables 1, 2 and 7 ---------------------------------------------
+def paper_columns(ds: str) -> list[tuple[str, dict[str, float]]]:
+    """(title, {method: accuracy}) of every column of Tables 1 and 2 for ``ds`` (Table 2's missing
+    Dir(0.01) columns of FMNIST / CIFAR10 included, empty), and Table 7's for CIFAR10 (FedPTR-S per
+    round and one-shot: the ``fedptr_s`` / ``fedptr_s_once`` arms)."""
+    cols = [(f"T1 {int(100 * part)}% Dir({alpha})", TABLE_1[part, alpha][ds])
+            for part, alpha in TABLE_1]
+    cols += [(f"T2 40 cl. 25% Dir({alpha})", TABLE_2[alpha].get(ds, {})) for alpha in TABLE_2]
+    if ds == "CIFAR10":
+        cols.append(("T7 MTT per 1 round / one-shot",
+                     {"fedptr_s": TABLE_7["per 1 round"], "fedptr_s_once": TABLE_7["one-shot"]}))
+    return cols
+
+
+def _ours(m: Mapping[str, float]) -> str:
+    v = m.get(METRIC)
+    if v is None:
+        return "—"
+    std, n = m.get(f"{METRIC}_std"), int(m.get("seeds", 1))
+    return f"{100 * v:.2f}" + (f" ± {100 * std:.2f}" if std is not None and n > 1 else "")
+
+
+def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Markdown: our mean test accuracy of the last 5 rounds per algorithm (mean ± std over seeds)
+    beside every column of the paper's Tables 1 and 2 (and Table 7 on CIFAR10) for the dataset the
+    study reproduces. The smoke study (digits, not in the paper) shows the CIFAR10 columns, which its
+    claims cite. Empty for a study without a FedPTR arm."""
+    if not set(FEDPTR_ARMS) & set(study.algorithms):
+        return []
+    ds = paper_dataset(study)
+    shown = ds or reference_dataset(study)
+    note = ("Paper: every column of Tables 1 (10 clients) and 2 (40 clients, 25% participation) "
+            f"for {shown}; compare with the column of this study's fl.participation, "
+            "partition.alpha and partition.num_clients (— : the paper has no such run; Table 2 has "
+            "no Dir(0.01) FMNIST / CIFAR10, whose 40-client partition leaves clients empty).")
+    if ds is None:
+        note += (f" This study's data are not in the paper: the {shown} columns are the reference "
+                 "the claims cite, not numbers to match.")
+    if shown == "CIFAR10":
+        note += " T7: Table 7, FedPTR-S on CIFAR10 Dir(0.01), MTT every round / once."
+    cols = paper_columns(shown)
+    lines = ["## FedPTR: test accuracy, mean of the last 5 rounds (%)", "",
+             "Ours: mean ± std over seeds. " + note, "",
+             "| algorithm | ours | " + " | ".join(t for t, _ in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for algo, m in metrics.items():
+        paper = [f"{c[algo]:.2f}" if algo in c else "—" for _, c in cols]
+        lines.append(f"| {algo} | {_ours(m)} | " + " | ".join(paper) + " |")
+    return lines + [""]

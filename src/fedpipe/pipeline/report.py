@@ -39,6 +39,7 @@ import numpy as np
 
 from fedpipe.claims import RULE, ClaimResult, absent_papers, all_claims, claims_metrics, judge_all, summary
 from fedpipe.claims import fednh as fednh_claims
+from fedpipe.claims import fedptr as fedptr_claims
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import read_json, save_figure, write_csv, write_json, write_text
 from fedpipe.pipeline.skip import write_placeholder
@@ -348,6 +349,7 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     tracks["classification"] = fednh_claims.with_pm_arms(cls_seeds)  # GM-vs-own-PM claims
     lines += classification_table(cls) + [""]
     lines += fednh_claims.report_section(study, cls)  # Table 1/2 beside ours (FedNH studies)
+    lines += fedptr_claims.report_section(study, cls)  # Tables 1/2/7 beside ours (FedPTR)
     results = judge_all(all_claims(study), tracks)
     lines += claims_table(results) + [""]
     text = "\n".join(lines)
