@@ -56,7 +56,7 @@ class ClassificationTask:
         was_training = model.training
         model.eval()
         if len(y) == 0:
-            return torch.zeros(0, dtype=torch.bool)
+            return torch.zeros(0, dtype=torch.bool, device=y.device)
         out = torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
                          for i in range(0, len(y), batch_size)])
         model.train(was_training)
@@ -67,8 +67,8 @@ class ClassificationTask:
                  batch_size: int = 1024) -> dict[str, float]:
         was_training = model.training
         model.eval()
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        correct = torch.zeros((), dtype=torch.int64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)  # summed where x lives
+        correct = torch.zeros((), dtype=torch.int64, device=x.device)
         for i in range(0, len(y), batch_size):
             logits = model(x[i:i + batch_size])
             yb = y[i:i + batch_size]
