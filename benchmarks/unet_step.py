@@ -15,7 +15,7 @@ them all:
 - ``compiled``: ``lean`` through ``torch.compile`` (on by default on CUDA; ``--compile`` on the CPU,
   where inductor's compile of this net takes minutes).
 
-The default batch is tiny (8) so that the CPU run ends in under a minute; ``--batch 128`` is the
+The default batch is tiny (4) so that the CPU run ends in under a minute; ``--batch 128`` is the
 paper's. Last line: ``speedup X`` = task time / lean time (how much slower the task path is than the
 hand-written step; 1.0 = no overhead left).
 
@@ -133,10 +133,12 @@ def timed(step, n: int, device: torch.device) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=8, help="batch size (the paper's: 128)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per arm and repeat")
+    ap.add_argument("--batch", type=int, default=4, help="batch size (the paper's: 128)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed steps per arm and repeat (default 3 on the CPU, 20 on CUDA)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median taken)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed steps per arm first (default 1 on the CPU, 5 on CUDA)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--compile", action="store_true", help="the compiled arm on the CPU too")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
@@ -144,6 +146,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device, "--device")
+    on_cuda = device.type == "cuda"
+    args.steps = args.steps or (20 if on_cuda else 3)
+    args.warmup = args.warmup if args.warmup is not None else (5 if on_cuda else 1)
     task = DiffusionTask(num_train_timesteps=T)
     gen = torch.Generator().manual_seed(0)
     data = ClientData(torch.rand(512, 1, 28, 28, generator=gen), torch.zeros(512, dtype=torch.long))
