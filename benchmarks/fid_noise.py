@@ -47,7 +47,7 @@ import torch
 from fedpipe.config import load_params
 from fedpipe.data import load_dataset
 from fedpipe.io import load_tensors, read_json, write_json
-from fedpipe.pipeline.diffusion import FID_DIR, make_task, make_unet, resolve_device
+from fedpipe.pipeline.diffusion import FID_DIR, make_task, make_unet
 from fedpipe.pipeline.feature_extractor import load_fid_tools
 from fedpipe.pipeline.federate_ddpm import ddpm_train_config, sample_images
 from fedpipe.rng import torch_generator
@@ -78,15 +78,15 @@ def main() -> None:
     algorithm, run_seed = (found.group(1), int(found.group(2))) if found else ("fedavg", 0)
     cfg = ddpm_train_config(load_params(args.params), algorithm, run_seed)
     ds = load_dataset(cfg.dataset)
-    device = resolve_device(cfg.diffusion.device)
-    task = make_task(cfg.diffusion)
+    device = cfg.device.torch
+    task = make_task(cfg.diffusion, cfg.device.accel)
     def load(path: Path) -> torch.nn.Module:
         m = make_unet(cfg.diffusion, ds.meta, cfg.seed, "ddpm-global-init")
         m.load_state_dict(load_tensors(path))
         return m.to(device).eval()
 
     models = [load(args.model)] + ([load(args.against)] if args.against else [])
-    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, args.fid_dir)
+    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, args.fid_dir, device)
     class_counts = np.bincount(ds.train.y.numpy(), minlength=ds.meta.num_classes)
 
     fids: list[dict[int, list[float]]] = [{n: [] for n in counts} for _ in models]

@@ -22,7 +22,7 @@ from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.data import load_dataset
 from fedpipe.io import load_tensors
 from fedpipe.pipeline.common import load_partition
-from fedpipe.pipeline.diffusion import WARMUP_DIR, make_task, make_unet, resolve_device
+from fedpipe.pipeline.diffusion import WARMUP_DIR, make_task, make_unet
 from fedpipe.pipeline.feature_extractor import load_fid_tools
 from fedpipe.pipeline.generate import aux_counts
 from fedpipe.pipeline.warmup import client_path
@@ -52,8 +52,8 @@ def main() -> None:
         raise SystemExit("error: the benchmark samples unconditionally; set diffusion.conditional=false")
     part = load_partition()
     ds = load_dataset(cfg.dataset)
-    device = resolve_device(cfg.diffusion.device)
-    task = make_task(cfg.diffusion)
+    device = cfg.device.torch
+    task = make_task(cfg.diffusion, cfg.device.accel)
     models = {}
     for cid in range(part.num_clients):
         path = client_path(WARMUP_DIR / "models", cid)
@@ -62,7 +62,7 @@ def main() -> None:
         m = make_unet(cfg.diffusion, ds.meta, cfg.seed, "warmup-init", cid)
         m.load_state_dict(load_tensors(path))
         models[cid] = m.to(device)
-    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed)
+    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, device=device)
     sizes = part.sizes()
     counts = aux_counts(sizes, args.samples / sizes.sum()).tolist()
     T = cfg.diffusion.num_train_timesteps

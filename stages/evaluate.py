@@ -13,7 +13,8 @@ def main() -> None:
     params = load_params()
     first = train_config(params, ((params.get("study") or {}).get("algorithms") or ["fedavg"])[0])
     cfgs = [train_config(params, a, s) for a in first.study.algorithms for s in first.study.seeds]
-    with stage_run("evaluate", {"study": params.get("study"), **first.params_read}, first.seed) as run:
+    read = {k: v for k, v in first.params_read.items() if k not in ("device", "accel")}  # CPU here
+    with stage_run("evaluate", {"study": params.get("study"), **read}, first.seed) as run:
         out = evaluate_study(cfgs)
         for algo, m in out.metrics.items():
             run.log_metrics({f"{algo}.{k}": v for k, v in m.items()})

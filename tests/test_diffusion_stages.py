@@ -90,7 +90,7 @@ def test_bad_diffusion_params(section, values, expected):
 
 def test_stage_declares_only_its_sections():
     cfg = diffusion_stage_config(PARAMS, "warmup")
-    assert set(cfg.params_read) == {"seed", "dataset", "diffusion", "warmup"}
+    assert set(cfg.params_read) == {"seed", "dataset", "diffusion", "warmup", "device", "accel"}
     assert "fl" not in diffusion_stage_config(PARAMS, "generate").params_read
 
 

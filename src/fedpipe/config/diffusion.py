@@ -7,18 +7,18 @@ is silent the default is the spec's inferred one and is marked so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from fedpipe.config.core import ConfigError, build, check, one_of
+from fedpipe.config.device import DeviceConfig, device_config, device_params, legacy_device_key
 from fedpipe.config.fl import OPTIMIZERS, ModelConfig, model_config
 from fedpipe.config.models import check_model, dry_build
 
 UNET_PRESETS = ("digits_small", "mnist_paper", "cifar_paper")
 SAMPLERS = ("ddpm", "ddim")
 EXTRACTORS = ("classifier", "inception")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,8 @@ class DiffusionConfig:
       ``beta_end`` (1e-4 to 0.02, Ho et al.; inferred for the paper), fixed variance.
     - ``conditional``: a class embedding (off in the paper); with it on, generated sets are labelled.
     - ``ema_decay``: EMA of weights during warm-up (null = off, the default).
-    - ``device``: ``auto`` uses CUDA when available.
+
+    The device is the top-level ``device`` (:mod:`fedpipe.config.device`), as for every track.
     """
 
     unet: str = "digits_small"
@@ -42,7 +43,6 @@ class DiffusionConfig:
     beta_end: float = 0.02
     conditional: bool = False
     ema_decay: float | None = None
-    device: str = "auto"
 
     def validate(self, p: str) -> None:
         one_of(f"{p}.unet", self.unet, UNET_PRESETS)
@@ -53,7 +53,6 @@ class DiffusionConfig:
               f"a number in ({p}.beta_start = {self.beta_start}, 1)")
         if self.ema_decay is not None:
             check(0 < self.ema_decay < 1, f"{p}.ema_decay", self.ema_decay, "null or a number in (0, 1)")
-        one_of(f"{p}.device", self.device, DEVICES)
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,8 @@ class FIDConfig:
       ``ddim_steps``: T / ddim_steps times cheaper, so the curve costs about 4% of the federated run
       instead of half of it; the final FID and FedDDPM+'s QuickTest keep ``sampler``). Not from the
       paper, which draws no per-round curve; ``ddpm`` restores the sampler of the final FID.
-    - ``device``: where features are computed (``auto`` = CUDA when available).
+
+    Features are computed on the top-level ``device`` (:mod:`fedpipe.config.device`).
     """
 
     extractor: str = "classifier"
@@ -135,7 +135,6 @@ class FIDConfig:
     sampler: str = "ddpm"
     ddim_steps: int = 50
     curve_sampler: str = "ddim"
-    device: str = "auto"
 
     def validate(self, p: str) -> None:
         one_of(f"{p}.extractor", self.extractor, EXTRACTORS)
@@ -156,10 +155,10 @@ class FIDConfig:
         one_of(f"{p}.sampler", self.sampler, SAMPLERS)
         one_of(f"{p}.curve_sampler", self.curve_sampler, SAMPLERS)
         check(self.ddim_steps >= 1, f"{p}.ddim_steps", self.ddim_steps, "an integer >= 1")
-        one_of(f"{p}.device", self.device, DEVICES)
 
 
 def diffusion_config(data: dict[str, Any] | None, prefix: str = "diffusion") -> DiffusionConfig:
+    legacy_device_key(data, prefix)
     return build(DiffusionConfig, data, prefix)
 
 
@@ -174,6 +173,7 @@ def generate_config(data: dict[str, Any] | None, prefix: str = "generate") -> Ge
 def fid_config(data: dict[str, Any] | None, prefix: str = "fid") -> FIDConfig:
     if data is not None and not isinstance(data, dict):
         raise ConfigError(prefix, data, "a mapping of FID settings")
+    legacy_device_key(data, prefix)
     data = dict(data or {})
     if "classifier" in data and not isinstance(data["classifier"], dict):
         raise ConfigError(f"{prefix}.classifier", data["classifier"],
@@ -224,9 +224,10 @@ class DiffusionStageConfig:
     generate: GenerateConfig
     fid: FIDConfig
     params_read: dict
+    device: DeviceConfig = DeviceConfig()
 
 
-STAGE_SECTIONS = {
+STAGE_SECTIONS = {  # each also reads the top-level device and accel
     "feature_extractor": ("seed", "dataset", "fid"),
     "warmup": ("seed", "dataset", "diffusion", "warmup"),
     "generate": ("seed", "dataset", "diffusion", "warmup", "generate"),
@@ -249,4 +250,7 @@ def diffusion_stage_config(params: dict[str, Any], stage: str) -> DiffusionStage
         generate=generate_config(params.get("generate")), fid=fid_config(params.get("fid")),
         params_read={k: params.get(k) for k in STAGE_SECTIONS[stage]})
     check_diffusion_track(ds, diff, cfg.fid, cfg.generate)
+    device = device_config(params)  # last: the cheap checks name their keys first
+    cfg = replace(cfg, device=device, params_read={**cfg.params_read,
+                                                   **device_params(params, device)})
     return cfg

@@ -11,7 +11,7 @@ from fedpipe.config.partition import PartitionConfig, partition_config
 
 # Top-level sections of params.yaml; later stages add theirs here.
 KNOWN_SECTIONS = ("seed", "dataset", "partition", "model", "fl", "study", "algorithms", "diffusion",
-                  "warmup", "generate", "fid", "diffusion_fl")
+                  "warmup", "generate", "fid", "diffusion_fl", "device", "accel")
 
 
 def check_sections(params: dict[str, Any]) -> None:
@@ -20,7 +20,7 @@ def check_sections(params: dict[str, Any]) -> None:
         raise ConfigError(unknown[0], params[unknown[0]],
                           "top-level sections are " + ", ".join(KNOWN_SECTIONS))
     for name in KNOWN_SECTIONS:  # null would silently stand for the dataclass defaults
-        if name != "seed" and name in params and params[name] is None:
+        if name not in ("seed", "device") and name in params and params[name] is None:
             raise ConfigError(name, None, "a mapping (the composed section; {} for the defaults)")
 
 

@@ -15,6 +15,7 @@ import torch
 
 from fedpipe.data.datasets import Split
 from fedpipe.data.partition import Partition
+from fedpipe.device import generator_on
 
 
 def apply_feature_skew(x: torch.Tensor, kind: str, value: float,
@@ -32,7 +33,8 @@ def apply_feature_skew(x: torch.Tensor, kind: str, value: float,
     if kind == "noise":
         if generator is None:
             raise ValueError("noise skew needs a seeded generator")
-        noise = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        g = generator_on(generator, x.device)  # ``generator`` itself on the CPU
+        noise = torch.randn(x.shape, generator=g, dtype=x.dtype, device=x.device)
         return (x + value * noise).clamp_(0.0, 1.0)
     raise ValueError(f"unknown feature skew {kind!r}")
 
@@ -52,11 +54,23 @@ class ClientData:
               ) -> tuple[torch.Tensor, torch.Tensor]:
         return apply_feature_skew(self.x[idx], *self.skew, generator=generator), self.y[idx]
 
+    def to(self, device: str | torch.device) -> ClientData:
+        """This client's data on ``device`` (itself when it is there already)."""
+        x, y = self.x.to(device), self.y.to(device)
+        return self if x is self.x and y is self.y else ClientData(x, y, self.skew)
+
     def batches(self, batch_size: int, generator: torch.Generator, shuffle: bool = True
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of batches (shuffled with ``generator``; last batch may be smaller)."""
+        """One epoch of batches (shuffled with ``generator``; last batch may be smaller). The order
+        is drawn on the data's device (from ``generator`` on the CPU, else from its derived
+        generator there: :func:`fedpipe.device.generator_on`), so batches never cross devices."""
         n = len(self)
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        device = self.x.device
+        if shuffle:
+            g = generator_on(generator, device)
+            order = torch.randperm(n, generator=g, device=device)
+        else:
+            order = torch.arange(n, device=device)
         for start in range(0, n, batch_size):
             yield self.batch(order[start:start + batch_size], generator)
 

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from fedpipe.config.fl import FLConfig
 from fedpipe.data import ClientData
+from fedpipe.device import module_device
 from fedpipe.errors import DivergenceError
 from fedpipe.fl.state import (
     ClientState,
@@ -116,8 +117,9 @@ class ClientStore:
     the manifest {client id: file name}; :meth:`load` reads a manifest and loads each client's file
     only when that client is first asked for."""
 
-    def __init__(self, directory: Path | None = None):
+    def __init__(self, directory: Path | None = None, device: torch.device | None = None):
         self.directory = directory
+        self.device = device  # where states read from files go (None: where they were read)
         self.states: dict[int, ClientState] = {}
         self.files: dict[int, str] = {}  # saved version of each client
         self.dirty: set[int] = set()
@@ -131,7 +133,8 @@ class ClientStore:
     def get(self, cid: int) -> ClientState:
         if cid not in self.states and cid in self.files:
             name = self.files[cid]  # "" = an empty state (nothing written)
-            self.states[cid] = read_client_file(self.directory / name) if name else {}
+            state = read_client_file(self.directory / name) if name else {}
+            self.states[cid] = groups_to(state, self.device)
         return self.states[cid]
 
     def put(self, cid: int, state: ClientState) -> None:
@@ -166,6 +169,14 @@ class ClientStore:
         for f in self.directory.iterdir():
             if re.fullmatch(r"\d+-r\d+\.safetensors", f.name) and f.name not in keep:
                 f.unlink()
+
+
+def groups_to(groups: dict[str, Weights], device: torch.device | None) -> dict[str, Weights]:
+    """``groups`` with every tensor on ``device`` (as they are for None or the CPU: files are read
+    there)."""
+    if device is None or device.type == "cpu":
+        return groups
+    return {g: {k: v.to(device) for k, v in w.items()} for g, w in groups.items()}
 
 
 def read_client_file(path: Path) -> ClientState:
@@ -333,6 +344,10 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
             start, history = int(meta["round"]), list(meta["history"])
             client_history = list(meta.get("client_history", []))
             state, store = saved_state, saved_store
+            device = module_device(model)  # the run's device (a checkpoint is read on the CPU)
+            state = ServerState(groups_to({"w": state.weights}, device)["w"],
+                                groups_to(state.extra, device), state.meta)
+            store.device = device
             log.info("resuming from checkpoint at round %d", start)
         else:
             log.info("ignoring checkpoint with a different fingerprint (other params or data)")

@@ -28,6 +28,7 @@ from torch import nn
 
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
+from fedpipe.device import optimizer_options
 from fedpipe.tasks import Batch, Task
 
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
@@ -36,9 +37,14 @@ ModelHook = Callable[[nn.Module], None]
 
 
 def make_optimizer(params, cfg: LocalTrainConfig, lr: float) -> torch.optim.Optimizer:
+    """``cfg.optimizer`` over ``params``; fused kernels when the parameters are on CUDA
+    (:func:`fedpipe.device.optimizer_options`; nothing changes on the CPU)."""
+    params = list(params)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay,
+                                **optimizer_options(params, torch.optim.Adam))
+    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                           **optimizer_options(params, torch.optim.SGD))
 
 
 # Per-model caches, weak-keyed: an entry goes with its model.

@@ -82,7 +82,7 @@ def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path = AUX_QUALITY_DIR
     check_aux(aux_path)  # every input is readable before any compute
     check_fid_inputs(fid_dir)
     ds = load_dataset(cfg.dataset)
-    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir)
+    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir, cfg.device.torch)
     aux = load_aux(aux_path)
     n = len(aux.images)
     bs = cfg.fid.batch_size

@@ -11,6 +11,7 @@ import torch
 from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
+from fedpipe.config.device import DeviceConfig, device_config, device_params
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
 from fedpipe.config.models import check_model  # noqa: F401  (re-exported)
 from fedpipe.config.stages import check_sections, read_seed
@@ -41,6 +42,8 @@ class TrainConfig:
     algorithm: str
     algo_cfg: Any
     params_read: dict
+    device: DeviceConfig = DeviceConfig()
+    """Where the run computes (top-level ``device`` and ``accel``)."""
 
 
 def parse_run_seed(run_seed: int | str) -> int:
@@ -69,7 +72,9 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     read = {"seed": seed, "run_seed": run, "dataset": params.get("dataset"),
             "model": params.get("model"), "fl": params.get("fl"),
             f"algorithms.{algorithm}": algos.get(algorithm) or {}}
-    return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read)
+    device = device_config(params)
+    read |= device_params(params, device)
+    return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read, device)
 
 
 def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:

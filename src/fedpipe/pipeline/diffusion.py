@@ -1,4 +1,4 @@
-"""Shared set-up of the diffusion-track stages: device, the DDPM task, the noise predictor, and the
+"""Shared set-up of the diffusion-track stages: the DDPM task, the noise predictor, and the
 paths of the stage outputs."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from fedpipe.config.device import AccelConfig
 from fedpipe.config.diffusion import DiffusionConfig
 from fedpipe.data import DatasetMeta
 from fedpipe.models.unet import NoisePredictor, build_unet
@@ -20,20 +21,12 @@ AUX_QUALITY_DIR = Path("data/aux_quality")
 AUX_FILE = GENERATE_DIR / "aux.safetensors"
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
-    if name == "cuda" and not torch.cuda.is_available():
-        from fedpipe.config import ConfigError
-
-        raise ConfigError("diffusion.device", name, "auto or cpu (no CUDA device is available)")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def make_task(cfg: DiffusionConfig) -> DiffusionTask:
+def make_task(cfg: DiffusionConfig, accel: AccelConfig | None = None) -> DiffusionTask:
+    """The DDPM task of ``cfg``, with the CUDA switches of ``accel`` (top-level ``accel``)."""
+    accel = accel or AccelConfig()
     return DiffusionTask(num_train_timesteps=cfg.num_train_timesteps, beta_start=cfg.beta_start,
-                         beta_end=cfg.beta_end, conditional=cfg.conditional)
+                         beta_end=cfg.beta_end, conditional=cfg.conditional,
+                         bf16_autocast=accel.bf16_autocast, compile=accel.compile)
 
 
 def make_unet(cfg: DiffusionConfig, meta: DatasetMeta, seed: int, purpose: str, *keys: int

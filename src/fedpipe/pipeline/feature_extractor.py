@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from fedpipe.config.device import AccelConfig
 from fedpipe.config.diffusion import DiffusionStageConfig, FIDConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, DatasetMeta, load_dataset
@@ -32,7 +33,7 @@ from fedpipe.fl.local import local_train
 from fedpipe.io import load_tensors, md5_file, read_metadata, save_tensors, write_json
 from fedpipe.metrics.fid import FID, ClassifierFeatures, inception_extractor, load_reference, save_reference
 from fedpipe.models import build_model
-from fedpipe.pipeline.diffusion import FID_DIR, resolve_device
+from fedpipe.pipeline.diffusion import FID_DIR
 from fedpipe.rng import torch_generator, torch_seed
 from fedpipe.tasks import ClassificationTask
 
@@ -64,27 +65,22 @@ def make_fid(cfg: FIDConfig, classifier: torch.nn.Module, device: torch.device) 
 
 
 def train_classifier(cfg: FIDConfig, meta: DatasetMeta, train: ClientData, seed: int,
-                     device: torch.device, progress: bool = True) -> torch.nn.Module:
+                     device: torch.device, progress: bool = True,
+                     accel: AccelConfig | None = None) -> torch.nn.Module:
+    """The FID classifier, trained on ``device`` (its data moved there once; ``accel``: the CUDA
+    switches, nothing on the CPU)."""
+    accel = accel or AccelConfig()
     model = build_classifier(cfg, meta, seed).to(device)
+    train = train.to(device)
+    task = ClassificationTask(bf16_autocast=accel.bf16_autocast, compile=accel.compile)
     local = LocalTrainConfig(epochs=cfg.classifier_epochs, batch_size=cfg.classifier_batch_size,
                              optimizer="adam", lr=cfg.classifier_lr)
     total = cfg.classifier_epochs * math.ceil(len(train) / cfg.classifier_batch_size)
     with tqdm(total=total, desc="FID classifier", unit="step", disable=not progress,
               mininterval=1.0) as bar:
-        local_train(model, train, _OnDevice(device), local, 0, torch_generator(seed, "fid-classifier"),
+        local_train(model, train, task, local, 0, torch_generator(seed, "fid-classifier"),
                     step_hook=lambda m: bar.update(1))
     return model.eval()
-
-
-class _OnDevice(ClassificationTask):
-    """Cross-entropy with the batch moved to the model's device (the data stays on the CPU)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def loss(self, model, batch, generator):
-        x, y = batch
-        return super().loss(model, (x.to(self.device), y.to(self.device)), generator)
 
 
 def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
@@ -93,9 +89,9 @@ def feature_extractor(cfg: DiffusionStageConfig, out_dir: str | Path = FID_DIR,
     out = Path(out_dir)
     check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     ds = load_dataset(cfg.dataset)
-    device = resolve_device(cfg.fid.device)
+    device = cfg.device.torch
     clf = train_classifier(cfg.fid, ds.meta, ClientData(ds.train.x, ds.train.y), cfg.seed, device,
-                           progress)
+                           progress, cfg.device.accel)
     acc = ClassificationTask().evaluate(clf.cpu(), ds.test.x, ds.test.y)["accuracy"]
     clf.to(device)
     meta = {"model": cfg.fid.classifier.name, "kwargs": cfg.fid.classifier.kwargs,
@@ -128,16 +124,17 @@ def check_fid_inputs(fid_dir: str | Path = FID_DIR) -> None:
                 metadata=REFERENCE_KEY)
 
 
-def load_fid_tools(cfg: FIDConfig, meta: DatasetMeta, seed: int, fid_dir: str | Path = FID_DIR
-                   ) -> FIDTools:
-    """The FID object, reference and classifier written by the feature_extractor stage."""
+def load_fid_tools(cfg: FIDConfig, meta: DatasetMeta, seed: int, fid_dir: str | Path = FID_DIR,
+                   device: str | torch.device = "cpu") -> FIDTools:
+    """The FID object, reference and classifier written by the feature_extractor stage, computing
+    on ``device`` (the stage's resolved top-level ``device``)."""
     d = Path(fid_dir)
     check_fid_inputs(d)
     saved = read_metadata(d / "classifier.safetensors", META_KEY) or {}
     if saved.get("model") != cfg.classifier.name:
         raise ValueError(f"{d / 'classifier.safetensors'} holds a {saved.get('model')!r} classifier, "
                          f"params say {cfg.classifier.name!r} (re-run `dvc repro feature_extractor`)")
-    device = resolve_device(cfg.device)
+    device = torch.device(device)
     clf = build_classifier(cfg, meta, seed)
     clf.load_state_dict(load_tensors(d / "classifier.safetensors"))
     clf.to(device).eval()

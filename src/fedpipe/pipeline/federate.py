@@ -195,9 +195,12 @@ def pretrain_backbone(cfg: TrainConfig, ds, clients: list[ClientData], out: Path
     PerAda's offline backbone (the paper's Fig. 5 alternative to ImageNet weights)."""
     plain = replace(cfg, algorithm="fedavg", algo_cfg=None)
     rounds = getattr(cfg.algo_cfg, "pretrain_rounds", None) or cfg.fl.rounds
-    strategy = Strategy(ClassificationTask(), lambda: make_model(plain, ds), cfg.fl.local,
+    device, accel = cfg.device.torch, cfg.device.accel
+    strategy = Strategy(ClassificationTask(accel.bf16_autocast, accel.compile),
+                        lambda: make_model(plain, ds).to(device), cfg.fl.local,
                         aggregation=cfg.fl.aggregation, num_clients=len(clients))
-    result = run_federated(strategy, make_model(plain, ds), clients, replace(cfg.fl, rounds=rounds),
+    result = run_federated(strategy, make_model(plain, ds).to(device), clients,
+                           replace(cfg.fl, rounds=rounds),
                            torch_seed(cfg.seed, "backbone-pretrain"),
                            checkpoint_dir=out / "pretrain",
                            fingerprint=fingerprint_of({**cfg.params_read, "pretrain": rounds}),
@@ -235,11 +238,12 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     if kind != "none":  # every input is readable before any compute
         check_server_data(kind, server_data_dir)
     ds = load_dataset(cfg.dataset)
-    clients = clients_of(ds, part)
-    task = ClassificationTask()
-    model = make_model(cfg, ds)
+    device = cfg.device.torch  # everything below lives there (on the CPU: as it always did)
+    clients = [c.to(device) for c in clients_of(ds, part)]
+    task = ClassificationTask(cfg.device.accel.bf16_autocast, cfg.device.accel.compile)
+    model = make_model(cfg, ds).to(device)
     strategy = ALGORITHMS[cfg.algorithm](
-        task, lambda: make_model(cfg, ds), cfg.fl.local, cfg.algo_cfg,
+        task, lambda: make_model(cfg, ds).to(device), cfg.fl.local, cfg.algo_cfg,
         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
     if "groups" in part.meta:  # the planted groups (label_blocks): oracle groups, clustering NMI
         strategy.client_groups = tuple(int(g) for g in part.meta["groups"])
@@ -255,14 +259,15 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     kind = strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":
         server_data = load_server_data(kind, cfg.algorithm, server_data_dir)
+        server_data = replace(server_data, data=server_data.data.to(device))
         if kind == "aux" and not server_data.labelled:
             raise ConfigError("diffusion.conditional", False,
                               f"true: {cfg.algorithm} trains a classifier on the auxiliary set, "
                               "which must be labelled (class-conditional warm-up)")
         sd_path = Path(server_data_dir) / f"{kind}.safetensors"
         inputs[str(sd_path)] = md5_file(sd_path)
-    evaluate = client_evaluator(task, strategy.model_of, ds.test.x, ds.test.y,
-                                clients_of(ds, part, "test"), cfg.seed)
+    evaluate = client_evaluator(task, strategy.model_of, ds.test.x.to(device), ds.test.y.to(device),
+                                [c.to(device) for c in clients_of(ds, part, "test")], cfg.seed)
     ckpt = checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}")
     keep_on_interrupt(f"checkpoint (every fl.checkpoint_every rounds) kept in {ckpt}")
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,

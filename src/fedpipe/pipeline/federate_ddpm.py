@@ -36,6 +36,7 @@ from fedpipe.algorithms import (
 from fedpipe.cli import keep_on_interrupt
 from fedpipe.config import dataset_config
 from fedpipe.config.core import build
+from fedpipe.config.device import DeviceConfig, device_config, device_params
 from fedpipe.config.diffusion import (
     DiffusionConfig,
     FIDConfig,
@@ -56,7 +57,6 @@ from fedpipe.pipeline.diffusion import (
     make_task,
     make_unet,
     params_fingerprint,
-    resolve_device,
 )
 from fedpipe.pipeline.feature_extractor import FIDTools, check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.federate import plot_history, run_dir, save_run
@@ -81,6 +81,7 @@ class DDPMTrainConfig:
     algorithm: str
     algo_cfg: Any
     params_read: dict
+    device: DeviceConfig = DeviceConfig()
 
 
 def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> DDPMTrainConfig:
@@ -106,7 +107,9 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
             "diffusion": params.get("diffusion"),
             "diffusion_fl": params.get("diffusion_fl"), "fid": params.get("fid"),
             f"algorithms.{algorithm}": algos.get(algorithm) or {}}
-    return DDPMTrainConfig(seed, ds, diff, fl, fid, study, algorithm, algo_cfg, read)
+    device = device_config(params)
+    read |= device_params(params, device)
+    return DDPMTrainConfig(seed, ds, diff, fl, fid, study, algorithm, algo_cfg, read, device)
 
 
 def sample_images(task: DiffusionTask, model: torch.nn.Module, n: int, cfg: DDPMTrainConfig,
@@ -148,10 +151,11 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     if ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg) != "none":
         check_aux(aux_path)
     ds = load_dataset(cfg.dataset)
-    clients = clients_of(ds, part)
-    device = resolve_device(cfg.diffusion.device)
-    task = make_task(cfg.diffusion)
-    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir)
+    device = cfg.device.torch
+    clients = [c.to(device) for c in clients_of(ds, part)]  # batches drawn where they train
+    test_x, test_y = ds.test.x.to(device), ds.test.y.to(device)
+    task = make_task(cfg.diffusion, cfg.device.accel)
+    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir, device)
     class_counts = np.bincount(ds.train.y.numpy(), minlength=ds.meta.num_classes)
 
     def model_fn() -> torch.nn.Module:
@@ -168,13 +172,14 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     if kind != "none":
         aux = load_aux(aux_path)
         labels = aux.labels if kind == "aux" else torch.full_like(aux.labels, -1)
-        server_data = ServerData(kind, ClientData(aux.images, labels), bool((labels >= 0).all()),
+        server_data = ServerData(kind, ClientData(aux.images, labels).to(device),
+                                 bool((labels >= 0).all()),
                                  str(aux_path))
         inputs[str(aux_path)] = md5_file(aux_path)
 
     def evaluate(state, personal=None) -> dict[str, float]:
         model = strategy.global_model(state).to(device)
-        res = task.evaluate(model, ds.test.x, ds.test.y)
+        res = task.evaluate(model, test_x, test_y)
         fid = curve_score(model, cfg.fid.curve_samples, torch_generator(cfg.seed, "fid-curve"))
         return {"loss": res["loss"], "fid": fid}
 

@@ -28,7 +28,7 @@ from fedpipe.data import apportion, load_dataset
 from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.state import all_finite
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_json
-from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet, resolve_device
+from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet
 from fedpipe.pipeline.inputs import PARTITION_PATH, check_input, load_partition
 from fedpipe.pipeline.warmup import client_path
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
@@ -110,7 +110,7 @@ def _sample_client(job: tuple, device: torch.device | str = "cpu") -> tuple[int,
         raise InputError(path, f"not a model of these diffusion params ({str(e).splitlines()[0]})",
                          "warmup") from None
     model.to(device)
-    x = make_task(cfg.diffusion).sample(model, n, labels=y, sampler=g.sampler, steps=steps,
+    x = make_task(cfg.diffusion, cfg.device.accel).sample(model, n, labels=y, sampler=g.sampler, steps=steps,
                                         generator=torch_generator(cfg.seed, "generate", cid),
                                         batch_size=g.batch_size)
     if not bool(torch.isfinite(x).all()):  # never a non-finite sample set
@@ -134,7 +134,7 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
         if n > 0:
             check_input(client_path(Path(warmup_dir) / "models", cid), "warmup")
     ds = load_dataset(cfg.dataset)
-    device = resolve_device(cfg.diffusion.device)
+    device = cfg.device.torch
     steps = cfg.diffusion.num_train_timesteps if g.sampler == "ddpm" else g.ddim_steps
     train_y = ds.train.y.numpy()
     images, labels, owner, sources = [], [], [], {}

@@ -56,7 +56,6 @@ from fedpipe.pipeline.diffusion import (
     make_task,
     make_unet,
     params_fingerprint,
-    resolve_device,
 )
 from fedpipe.pipeline.inputs import PARTITION_PATH, checkpoint_dir, clients_of, load_partition
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
@@ -179,7 +178,8 @@ def _train_client_job(job: tuple) -> tuple[int, dict[str, torch.Tensor], list[fl
     noise as in the serial loop."""
     cfg, meta, cid, data = job
     model = make_unet(cfg.diffusion, meta, cfg.seed, "warmup-init", cid)
-    weights, client_losses = train_client_ddpm(model, data, make_task(cfg.diffusion), cfg.warmup,
+    weights, client_losses = train_client_ddpm(model, data, make_task(cfg.diffusion, cfg.device.accel),
+                                               cfg.warmup,
                                                torch_generator(cfg.seed, "warmup", cid),
                                                ema_decay=cfg.diffusion.ema_decay, client=cid)
     return cid, weights, client_losses
@@ -201,8 +201,8 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
     part = load_partition(partition_path)
     ds = load_dataset(cfg.dataset)
     clients = clients_of(ds, part)
-    task = make_task(cfg.diffusion)
-    device = resolve_device(cfg.diffusion.device)
+    task = make_task(cfg.diffusion, cfg.device.accel)
+    device = cfg.device.torch
     fp = params_fingerprint(cfg.params_read, partition_path)
     for stale in resume_dir.glob("client_*.safetensors"):  # clients of an earlier, larger partition
         if int(stale.stem.split("_")[1]) >= len(clients):
@@ -242,7 +242,8 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
             model = make_unet(cfg.diffusion, ds.meta, cfg.seed, "warmup-init", cid).to(device)
             with one_thread() if device.type == "cpu" else contextlib.nullcontext():
                 weights, client_losses = train_client_ddpm(
-                    model, clients[cid], task, cfg.warmup, torch_generator(cfg.seed, "warmup", cid),
+                    model, clients[cid].to(device), task, cfg.warmup,
+                    torch_generator(cfg.seed, "warmup", cid),
                     ema_decay=cfg.diffusion.ema_decay, on_step=lambda: bar.update(1), client=cid)
             save(cid, weights, client_losses)
     else:

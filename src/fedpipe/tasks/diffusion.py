@@ -28,9 +28,13 @@ Defaults and where they come from:
 Unconditional by default, as in the paper (labels only shape the partitions); ``conditional=True`` feeds
 the labels to a class-conditional :class:`~fedpipe.models.unet.NoisePredictor`.
 
-Determinism: every draw (t, eps, the initial noise x_T, the per-step noise) comes from the CPU
-``torch.Generator`` the caller passes, on the CPU, and is then moved to the model's device, so results do
-not depend on the device's RNG. On CUDA the UNet runs under bf16 autocast; on the CPU never.
+Determinism: every draw (t, eps, the initial noise x_T, the per-step noise) comes from the
+``torch.Generator`` the caller passes (a stream of :mod:`fedpipe.rng`). On the CPU it is used as it
+is. On another device the draws are made there, from a generator on that device seeded from the
+caller's stream (:func:`fedpipe.device.generator_on`), so no noise is drawn on the host and copied
+over per step, and the same stream gives the same draws on the same device. On CUDA the UNet runs
+under bf16 autocast (``bf16_autocast``, default on; never on the CPU), and the training forward
+through ``torch.compile`` with ``compile`` (opt-in; CUDA only).
 
 EMA of the weights (optional; not mentioned by the paper, Ho et al. use decay 0.9999) uses diffusers'
 ``EMAModel``. With a local-training loop that calls ``step_hook(model)`` after each optimizer step::
@@ -53,6 +57,7 @@ from diffusers.training_utils import EMAModel
 from torch import nn
 from tqdm.auto import tqdm
 
+from fedpipe.device import autocast, compiled, generator_on
 from fedpipe.rng import torch_generator
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # = fedpipe.tasks.Batch (not imported: that package imports us)
@@ -64,20 +69,14 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA only (CPU runs stay float32 and bit-reproducible)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 class DiffusionTask:
     """Ho et al.'s DDPM epsilon-prediction task (the FedDDPM loss) with DDPM / DDIM sampling."""
 
     name = "diffusion"
 
     def __init__(self, num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02,
-                 beta_schedule: str = "linear", conditional: bool = False):
+                 beta_schedule: str = "linear", conditional: bool = False,
+                 bf16_autocast: bool = True, compile: bool = False):
         if int(num_train_timesteps) < 1:
             raise ValueError(f"num_train_timesteps must be >= 1, got {num_train_timesteps}")
         if beta_schedule not in BETA_SCHEDULES:
@@ -86,6 +85,8 @@ class DiffusionTask:
             raise ValueError(f"need 0 < beta_start < beta_end < 1, got {beta_start}, {beta_end}")
         self.num_train_timesteps = int(num_train_timesteps)
         self.conditional = bool(conditional)
+        self.bf16_autocast = bool(bf16_autocast)  # CUDA only
+        self.compile = bool(compile)  # CUDA only, training forward only
         self.scheduler = DDPMScheduler(
             num_train_timesteps=self.num_train_timesteps, beta_start=beta_start, beta_end=beta_end,
             beta_schedule=beta_schedule, variance_type="fixed_small", prediction_type="epsilon",
@@ -93,28 +94,29 @@ class DiffusionTask:
 
     # ---------------------------------------------------------------- training objective (eq. 6)
     def _noise(self, x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """t ~ Uniform{0..T-1} and eps ~ N(0, I), drawn in this order from ``generator`` on its device."""
-        t = torch.randint(0, self.num_train_timesteps, (x.shape[0],), generator=generator,
-                          device=generator.device)
-        eps = torch.randn(x.shape, generator=generator, dtype=torch.float32, device=generator.device)
+        """t ~ Uniform{0..T-1} and eps ~ N(0, I), drawn in this order on ``x``'s device, from
+        ``generator`` (on the CPU) or its derived generator on that device (no host copy)."""
+        g = generator_on(generator, x.device)
+        t = torch.randint(0, self.num_train_timesteps, (x.shape[0],), generator=g, device=g.device)
+        eps = torch.randn(x.shape, generator=g, dtype=torch.float32, device=g.device)
         return t, eps
 
     def _eps_sse(self, model: nn.Module, batch: Batch, generator: torch.Generator,
-                 reduction: str) -> torch.Tensor:
+                 reduction: str, train: bool = False) -> torch.Tensor:
         x, y = batch
         device = _device(model)
         x0 = x.to(device, torch.float32) * 2 - 1  # [0, 1] -> [-1, 1]
         t, eps = self._noise(x0, generator)
-        t, eps = t.to(device), eps.to(device)
         x_t = self.scheduler.add_noise(x0, eps, t)  # eq. 3
         labels = y.to(device) if self.conditional else None
-        with _autocast(device):
-            pred = model(x_t, t, labels)
+        net = compiled(model, device, self.compile and train)
+        with autocast(device, self.bf16_autocast):
+            pred = net(x_t, t, labels)
         return F.mse_loss(pred.float(), eps, reduction=reduction)
 
     def loss(self, model: nn.Module, batch: Batch, generator: torch.Generator) -> torch.Tensor:
         """l_simple on one batch: mean over pixels and samples of (eps - eps_w(x_t, t))^2."""
-        return self._eps_sse(model, batch, generator, "mean")
+        return self._eps_sse(model, batch, generator, "mean", train=True)
 
     @torch.inference_mode()
     def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -189,15 +191,16 @@ class DiffusionTask:
             with torch.inference_mode(), tqdm(total=n_batches * len(sched.timesteps), disable=not progress,
                                               desc=desc or f"{sampler} sampling", unit="step", leave=False,
                                               mininterval=1.0) as bar:
+                g = generator_on(generator, device)  # the caller's generator on the CPU
                 for start in range(0, n, batch_size):
                     b = min(batch_size, n - start)
-                    x = torch.randn((b, *in_shape), generator=generator, device=generator.device).to(device)
+                    x = torch.randn((b, *in_shape), generator=g, device=g.device)
                     yb = None if labels is None else labels[start:start + b].to(device)
                     for t in sched.timesteps:
                         t_batch = torch.full((b,), int(t), dtype=torch.long, device=device)
-                        with _autocast(device):
+                        with autocast(device, self.bf16_autocast):
                             eps = model(x, t_batch, yb)
-                        x = sched.step(eps.float(), t, x, generator=generator, **step_kwargs).prev_sample
+                        x = sched.step(eps.float(), t, x, generator=g, **step_kwargs).prev_sample
                         bar.update()
                     out.append(((x.clamp(-1, 1) + 1) / 2).cpu())
         finally:
