@@ -229,7 +229,8 @@ def federate(name, **kw):
     return run_federated(s, tiny_classifier(), clients(), FL, seed=5, progress=False, **kw)
 
 
-@pytest.mark.parametrize("name", ["equitable_fl", "cluster2", "pow_d", "gifair", "fairfed"])
+@pytest.mark.parametrize("name", ["equitable_fl", "cluster2", "pow_d", "gifair", "fairfed",
+                                  "centralized"])
 def test_deterministic_and_resumable(name, tmp_path):
     full = federate(name)
     assert full.rounds_done == 3 and all(math.isfinite(h["train_loss"]) for h in full.history)
@@ -264,7 +265,8 @@ def test_study_presets_compose_and_validate(tmp_path, preset, clusters, model):
     assert params["partition"]["scheme"] == "label_blocks" and params["fl"]["participation"] == 0.4
     partition_stage_config(params)
     cfgs = {a: train_config(params, a) for a in params["study"]["algorithms"]}
-    assert set(cfgs) == {"fedprox", "equitable_fl", "cluster2", "pow_d", "gifair", "fairfed"}
+    assert set(cfgs) == {"centralized", "fedprox", "equitable_fl", "cluster2", "pow_d", "gifair",
+                         "fairfed"}
     assert cfgs["equitable_fl"].algo_cfg.num_clusters == clusters == len(params["partition"]["groups"])
     assert cfgs["fedprox"].model.name == model
     if preset != "equitable_smoke":

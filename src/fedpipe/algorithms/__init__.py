@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedpipe.algorithms.apfl import APFL
+from fedpipe.algorithms.centralized import Centralized
 from fedpipe.algorithms.cluster2 import Cluster2
 from fedpipe.algorithms.creff import CReFF
 from fedpipe.algorithms.ditto import Ditto
@@ -72,6 +73,7 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "pow_d": PowD,
     "gifair": GIFAIR,
     "fairfed": FairFed,
+    "centralized": Centralized,
     "fednh": FedNH,
     "fedbabu": FedBABU,
     "fedproto": FedProto,

@@ -19,8 +19,10 @@ Adaptations (the papers are silent; inferred):
   count); each round the participants' weights are normalised among them, updated as above, clipped
   at 0, renormalised (uniform if all clip to 0), used to aggregate, and written back scaled to the
   participants' previous total mass.
-- ``beta`` = 1.0: neither Equitable-FL nor the spec gives it; FairFed sweeps beta, and 1.0 is taken
-  here as its default (inferred; not checked against FairFed's tables, which are not in our library).
+- ``beta`` = 1.0, **inferred**. Neither Equitable-FL nor the spec gives it (spec 002 §2.9 "Not
+  given", §7.12), and FairFed's paper is not in the project's library (papers/ and specs/
+  re-checked), so its own default could not be checked. FairFed treats beta as a tuned fairness
+  budget (beta = 0 is FedAvg); 1.0 makes a client's weight move by its whole gap deviation in one step.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from fedpipe.fl.strategy import ClientState, RoundInfo, ServerState
 @dataclass(frozen=True)
 class FairFedConfig(FedProxConfig):
     beta: float = 1.0
-    """beta, FairFed's fairness budget in omega <- omega - beta (Delta - mean Delta) (inferred)."""
+    """beta, FairFed's fairness budget in omega <- omega - beta (Delta - mean Delta). Inferred:
+    neither Equitable-FL nor the spec gives it and FairFed is not in the library (module docstring)."""
 
     def validate(self, p: str) -> None:
         super().validate(p)

@@ -12,9 +12,11 @@ Round k (``pi_pow-d``):
    averages as FedProx does (``fl.aggregation``).
 
 Choices where the papers are silent (config values):
-- ``candidates`` = d. Equitable-FL does not give it; Cho et al. sweep d as multiples of the number of
-  selected clients m. Default ``null`` = 2r, the smallest multiple (inferred; not checked against
-  their tables, which are not in our library).
+- ``candidates`` = d, **inferred**. Equitable-FL does not give it (spec 002 §2.9 "Not given", §7.12),
+  and Cho et al.'s paper is not in the project's library (papers/ and specs/ re-checked; Flower's
+  ``PowerOfChoice`` defaults to d = m, which is plain random selection). Cho et al. vary d as a
+  multiple of the number of selected clients m; the default ``null`` = 2r takes the smallest multiple
+  that makes the selection non-trivial (with Table 1's n = 10, r = 4: 8 candidates of 10).
 - Cho et al. draw A with probability proportional to the data fractions p_i; here uniformly, since the
   server does not know the clients' sizes before it probes them (inferred; with Table 1's partitions
   the sizes differ only between groups).
@@ -37,7 +39,8 @@ from fedpipe.fl.strategy import Probe, ServerState, uniform_selection
 @dataclass(frozen=True)
 class PowDConfig(FedProxConfig):
     candidates: int | None = None
-    """d, the size of the candidate set (>= r); null = 2r (see the module docstring)."""
+    """d, the size of the candidate set (>= r); null = 2r. Inferred: neither Equitable-FL nor the
+    spec gives d, and Cho et al. is not in the library (see the module docstring)."""
 
     def validate(self, p: str) -> None:
         super().validate(p)

@@ -1,5 +1,7 @@
 """Equitable-FL's headline claims (Upadhyay & Hashemi, "Equitable Federated Learning with Activation
-Clustering", arXiv 2410.19207; spec 002 §5-§6), as checks on the classification track.
+Clustering", arXiv 2410.19207; spec 002 §5-§6), as checks on the classification track, and the
+report section that prints our Acc and σ_Acc beside the paper's Tables 2-3 (:func:`report_section`;
+Centralized, the pooled-data reference row, included).
 
 Metrics (the evaluate stage, per algorithm and seed; spec §3.6): ``sigma_acc_global`` /
 ``sigma_acc_std`` the two readings of σ_Acc for the final global model over the clients' local test
@@ -28,11 +30,13 @@ scales down; the direction holds in all eight columns of Tables 2-3 unless said)
    20.2 vs 2.26), as are Cluster2's (4.51) and pow-d's (3.61).
 
 Not encoded: "best accuracy among all baselines" (needs more than two arms), the ablations (Tables
-4-5: C, E and mu sweeps are separate studies), FEMNIST's exceptions.
+4-5: C, E and mu sweeps are separate studies), FEMNIST's exceptions, and the Centralized row: the
+paper gives it "just for reference" and claims nothing of it, so it is printed, not judged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fedpipe.claims import Claim
@@ -42,11 +46,46 @@ if TYPE_CHECKING:
 
 PAPER = "Equitable-FL (Upadhyay & Hashemi 2024)"
 NMI_TOLERANCE = 0.1
-# Table 2 (simple CNN/MLP, K = 250), MNIST column: (Acc, σ_Acc)
-TABLE2_MNIST = {"fedprox": (96.97, 2.26), "cluster2": (95.38, 4.51), "pow_d": (96.03, 3.61),
-                "fairfed": (82.10, 20.2), "gifair": (96.98, 2.34), "equitable_fl": (97.75, 1.17)}
-NAMES = {"fedprox": "FedProx", "cluster2": "Cluster2", "pow_d": "Pow-d", "fairfed": "FairFed",
-         "gifair": "GIFAIR", "equitable_fl": "Equitable-FL"}
+NAMES = {"centralized": "Centralized", "fedprox": "FedProx", "cluster2": "Cluster2",
+         "pow_d": "Pow-d", "fairfed": "FairFed", "gifair": "GIFAIR", "equitable_fl": "Equitable-FL"}
+DATASETS = ("mnist", "cifar10", "cifar100", "femnist")
+
+# Tables 2 (simple CNN/MLP, K = 250) and 3 (ResNet-18, K = 100): per dataset of DATASETS,
+# (Acc, its ± over 3 runs, σ_Acc, its ±), in %. Centralized is the paper's reference row.
+TABLE2: dict[str, tuple[tuple[float, float, float, float], ...]] = {
+    "centralized": ((99.22, 0.03, 0.17, 0.03), (58.74, 0.75, 7.18, 0.28),
+                    (47.01, 0.18, 2.27, 0.16), (91.18, 0.015, 11.70, 0.08)),
+    "fedprox": ((96.97, 0.20, 2.26, 0.21), (47.36, 0.50, 18.01, 0.68),
+                (33.04, 0.14, 13.90, 0.43), (74.18, 0.12, 22.99, 0.08)),
+    "cluster2": ((95.38, 0.18, 4.51, 0.23), (47.17, 0.80, 25.52, 0.38),
+                 (32.66, 0.13, 15.37, 0.21), (76.12, 0.01, 21.37, 0.13)),
+    "pow_d": ((96.03, 0.33, 3.61, 0.40), (47.08, 0.50, 22.04, 0.68),
+              (33.07, 0.41, 14.50, 0.22), (74.34, 0.14, 22.80, 0.13)),
+    "fairfed": ((82.10, 1.75, 20.2, 2.12), (44.74, 0.84, 33.52, 3.01),
+                (26.79, 1.63, 17.57, 1.80), (54.41, 0.61, 41.56, 1.05)),
+    "gifair": ((96.98, 0.12, 2.34, 0.13), (47.41, 0.83, 18.88, 0.98),
+               (33.26, 0.43, 14.28, 0.48), (74.13, 0.12, 22.96, 0.25)),
+    "equitable_fl": ((97.75, 0.20, 1.17, 0.25), (49.74, 0.56, 6.07, 0.31),
+                     (33.34, 0.10, 10.57, 0.13), (75.54, 0.25, 16.21, 0.04)),
+}
+TABLE3: dict[str, tuple[tuple[float, float, float, float], ...]] = {
+    "centralized": ((99.43, 0.02, 0.10, 0.02), (83.60, 0.10, 5.41, 0.21),
+                    (65.90, 0.21, 0.10, 0.16), (90.51, 0.07, 11.67, 0.01)),
+    "fedprox": ((96.01, 0.52, 2.84, 0.48), (66.72, 0.80, 15.70, 1.36),
+                (55.19, 0.11, 16.85, 0.23), (67.61, 1.07, 30.29, 0.35)),
+    "cluster2": ((94.53, 0.10, 5.20, 0.03), (63.46, 0.59, 26.61, 0.70),
+                 (53.99, 0.83, 18.71, 1.25), (68.12, 0.76, 30.27, 0.54)),
+    "pow_d": ((95.05, 0.46, 4.55, 0.73), (65.06, 1.25, 21.48, 1.85),
+              (54.91, 0.39, 17.53, 0.65), (67.67, 0.20, 30.02, 0.13)),
+    "fairfed": ((85.85, 2.92, 15.41, 3.81), (57.10, 2.11, 31.98, 7.50),
+                (46.05, 0.48, 24.98, 0.18), (53.27, 1.344, 38.92, 2.22)),
+    "gifair": ((96.02, 0.33, 2.86, 0.31), (64.41, 0.56, 20.25, 1.21),
+               (55.39, 0.14, 17.08, 0.13), (69.55, 0.62, 25.53, 0.61)),
+    "equitable_fl": ((96.95, 0.40, 1.65, 0.53), (69.40, 0.48, 7.83, 0.71),
+                     (55.65, 0.15, 13.67, 0.39), (67.02, 0.42, 24.11, 0.33)),
+}
+TABLE2_MNIST = {a: (v[0][0], v[0][2]) for a, v in TABLE2.items()}
+"""Table 2's MNIST column (Acc, σ_Acc): the setting the smoke study scales down."""
 
 
 def _t2(algo: str, i: int) -> str:
@@ -86,3 +125,54 @@ def claims(study: StudyConfig) -> list[Claim]:
                          f"Tables 2-3 and §5 (spec §6.6); Table 2 MNIST {_t2(b, 1)} vs "
                          f"{_t2('fedprox', 1)}"))
     return out
+
+
+def paper_dataset(study: StudyConfig) -> tuple[str, bool]:
+    """(the Tables 2-3 column a study is read against, whether it is that dataset itself):
+    ``equitable_cifar10`` -> ("cifar10", True); any other study (the digits smoke study) is read
+    against MNIST, the setting it scales down -> ("mnist", False)."""
+    name = study.name.removeprefix("equitable_")
+    return (name, True) if name in DATASETS else ("mnist", False)
+
+
+def _ours(m: Mapping[str, float], key: str, scale: float = 100.0, digits: int = 2) -> str:
+    if m.get(key) is None:
+        return "—"
+    std, n = m.get(f"{key}_std"), int(m.get("seeds", 1))
+    out = f"{scale * m[key]:.{digits}f}"
+    return out + (f" ± {scale * std:.{digits}f}" if std is not None and n > 1 else "")
+
+
+def _paper(row: tuple[float, float, float, float] | None, i: int) -> str:
+    return "—" if row is None else f"{row[i]:.2f} ± {row[i + 1]:g}"
+
+
+def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Markdown: our Acc, both σ_Acc readings, CD and NMI per algorithm (mean ± std over seeds)
+    beside the paper's Acc and σ_Acc of Table 2 (simple CNN/MLP) and Table 3 (ResNet-18) for the
+    study's dataset (MNIST for the digits smoke study). Empty for a study without Equitable-FL."""
+    if "equitable_fl" not in study.algorithms:
+        return []
+    ds, same = paper_dataset(study)
+    col = DATASETS.index(ds)
+    lines = ["## Equitable-FL protocol: accuracy and σ_Acc beside the paper's Tables 2-3", "",
+             "Ours: mean ± std over seeds of the final global model: Acc on the global test set (%), "
+             "σ_Acc(g) = RMS deviation of the clients' accuracies from it and σ_Acc(s) = their std "
+             "(percentage points, spec §3.6's two readings), CD (eq. 9, mean over rounds) and NMI "
+             "(rounds with ≥ 2 planted groups). Paper: mean ± over 3 runs, Table 2 (simple CNN/MLP, "
+             "K = 250) and Table 3 (ResNet-18, K = 100), "
+             + (f"{ds} column." if same else
+                f"{ds} column: this study is a scaled-down stand-in, so compare orderings, not values.")
+             + " Centralized (all data pooled) is a reference row, as in the paper.", "",
+             "| algorithm | Acc | σ_Acc(g) | σ_Acc(s) | CD | NMI | paper T2 Acc | T2 σ_Acc | "
+             "T3 Acc | T3 σ_Acc |", "|---|---|---|---|---|---|---|---|---|---|"]
+    order = [a for a in NAMES if a in metrics] + [a for a in metrics if a not in NAMES]
+    for algo in order:
+        m = metrics[algo]
+        t2 = TABLE2.get(algo, (None,) * 4)[col]
+        t3 = TABLE3.get(algo, (None,) * 4)[col]
+        lines.append(f"| {NAMES.get(algo, algo)} | {_ours(m, 'test_accuracy')} | "
+                     f"{_ours(m, 'sigma_acc_global')} | {_ours(m, 'sigma_acc_std')} | "
+                     f"{_ours(m, 'cd_mean', 1.0, 3)} | {_ours(m, 'nmi_mixed_mean', 1.0, 3)} | "
+                     f"{_paper(t2, 0)} | {_paper(t2, 2)} | {_paper(t3, 0)} | {_paper(t3, 2)} |")
+    return lines + [""]

@@ -332,7 +332,9 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
     """
     hint = settings_in_play(strategy, section)
     n = len(clients)
-    per_round = fl.clients_per_round(n)
+    train = strategy.training_clients(clients)  # Centralized: one pooled client
+    pooled = train is not clients  # then every client takes part in every round
+    per_round = fl.clients_per_round(len(train))
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start, history, client_history = 0, [], []
     state = strategy.init_server(model)
@@ -352,7 +354,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         else:
             log.info("ignoring checkpoint with a different fingerprint (other params or data)")
     executor = EXECUTORS[fl.executor]()
-    available = list(range(n))
+    available = list(range(len(train)))
 
     def client_state(cid: int) -> ClientState:
         if cid not in store:
@@ -364,7 +366,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
             cands = sorted(int(c) for c in candidates)
             payloads = {c: strategy.payload(state_, r, c) for c in cands}
             return executor.probe(strategy, payloads,
-                                  [(c, client_state(c), clients[c]) for c in cands], seed)
+                                  [(c, client_state(c), train[c]) for c in cands], seed)
         return probe
 
     end = start if state.meta.get("stopped_at") is not None else fl.rounds  # stopped early before
@@ -379,7 +381,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         selected = sorted(int(c) for c in selected)
         payloads = {cid: strategy.payload(state, r, cid) for cid in selected}
         results = executor.run(strategy, payloads,
-                               [(cid, client_state(cid), clients[cid]) for cid in selected], seed)
+                               [(cid, client_state(cid), train[cid]) for cid in selected], seed)
         updates = tuple(u for u, _, _ in results)
         _guard_losses(updates, r, hint)
         for cid, (_, cstate, _) in zip(selected, results, strict=True):
@@ -403,7 +405,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
                                                            r), r + 1
             res = evaluate(state, personal if strategy.personalizes else None)
             if any(isinstance(v, list | tuple | np.ndarray) for v in res.values()):
-                res = {**res, "participant": [float(c in selected) for c in range(n)]}
+                res = {**res, "participant": [float(pooled or c in selected) for c in range(n)]}
             scalars, rows = _split_record(res, r + 1)
             record |= {f"test_{k}": v for k, v in scalars.items()}
             client_history += rows

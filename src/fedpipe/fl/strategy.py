@@ -239,6 +239,12 @@ class Strategy:
     def init_client(self, client_id: int) -> ClientState:
         return {}
 
+    def training_clients(self, clients: Sequence[ClientData]) -> Sequence[ClientData]:
+        """The data the round loop trains on: the clients themselves. Centralized training (a
+        reference row) returns one pooled "client" holding every client's data; the engine then
+        counts every client as a participant of every round. Evaluation always uses the clients."""
+        return clients
+
     def select_clients(self, state: ServerState, round_: int, available: Sequence[int],
                        per_round: int, rng: np.random.Generator, probe: Probe | None = None
                        ) -> list[int]:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from fedpipe.claims import RULE, ClaimResult, absent_papers, all_claims, claims_metrics, judge_all, summary
+from fedpipe.claims import equitable as equitable_claims
 from fedpipe.claims import fednh as fednh_claims
 from fedpipe.claims import fedptr as fedptr_claims
 from fedpipe.config.fl import StudyConfig
@@ -350,6 +351,7 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     lines += classification_table(cls) + [""]
     lines += fednh_claims.report_section(study, cls)  # Table 1/2 beside ours (FedNH studies)
     lines += fedptr_claims.report_section(study, cls)  # Tables 1/2/7 beside ours (FedPTR)
+    lines += equitable_claims.report_section(study, cls)  # Tables 2-3 beside ours
     results = judge_all(all_claims(study), tracks)
     lines += claims_table(results) + [""]
     text = "\n".join(lines)
