@@ -21,12 +21,13 @@ without a report yet counts as equal to every other: sign 0).
 
 Choices where the papers are silent (inferred, config values):
 - ``lam`` = lambda = 0.1, **inferred**. Neither Equitable-FL nor the spec gives it (spec 002 §2.9
-  "Not given", §7.12), GIFAIR-FL treats it as a tuning parameter, and its paper is not in the project's library
-  (papers/ and specs/ re-checked). c_k > 0 for every client needs lambda (d - 1) n / |G_s| < 1:
-  0.1 meets it on the two-group partitions (MNIST / CIFAR-10's 4 + 6 clients: lambda < 0.4; the
-  smoke study's 3 + 7: lambda < 0.3); on CIFAR-100's 2 + 3 + 5 (d = 3) it is at the bound (lambda
-  < 0.1), so the 2-client group's c_k reaches 0 in rounds where its loss is the lowest of the three.
-  c_k is clipped at 0, so the regulariser never reverses a client's loss.
+  "Not given", §7.12), GIFAIR-FL treats it as a tuning parameter, and its paper is not in the
+  project's library (papers/ and specs/ re-checked). c_k > 0 for every client needs
+  lambda (d - 1) n / |G_s| < 1: 0.1 meets it on the two-group partitions (MNIST / CIFAR-10's
+  4 + 6 clients: lambda < 0.4; the smoke study's 3 + 7: lambda < 0.3); on CIFAR-100's 2 + 3 + 5
+  (d = 3) it is at the bound (lambda < 0.1), so the 2-client group's c_k reaches 0 in rounds where
+  its loss is the lowest of the three. c_k is clipped at 0, so the regulariser never reverses a
+  client's loss.
 - p_k = 1/n (n clients) in c_k, so that c_k needs no sample counts; aggregation is ``fl.aggregation``.
 - Local solver: plain local SGD (Equitable-FL: every baseline but GIFAIR and Centralized uses FedProx
   local updates; GIFAIR's is unspecified).
