@@ -68,6 +68,7 @@ def connect(cfg: RayConfig, threads: int = 1) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from a research run
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING}
     if cfg.address is None:
         from fedpipe.pipeline.workers import worker_count
