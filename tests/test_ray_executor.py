@@ -2,10 +2,13 @@
 once, its config checked before compute."""
 
 import sys
+import warnings
 
 import cloudpickle
 import pytest
+import ray
 import torch
+from fakes import assert_identical
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -13,13 +16,8 @@ from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig, RayConfig, fl_config
 from fedpipe.data import ClientData
 from fedpipe.fl import run_federated
+from fedpipe.fl.ray_executor import RayExecutor, pack_data, unpack_data
 from fedpipe.tasks import ClassificationTask
-
-ray = pytest.importorskip("ray")  # a runtime dependency: present wherever the project is installed
-
-from fedpipe.fl.ray_executor import RayExecutor, pack_data, unpack_data  # noqa: E402
-
-from fakes import assert_identical  # noqa: E402
 
 N_CLIENTS = 6
 
@@ -52,6 +50,7 @@ def model_fn() -> nn.Module:
 def ray_cluster():
     """One local Ray instance for the module (start-up costs seconds)."""
     started = not ray.is_initialized()
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     if started:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
