@@ -158,3 +158,15 @@ def test_good_ray_settings():
     assert fl_config({"ray": {"address": "ray://head-node:10001"}}).ray.address == "ray://head-node:10001"
     assert fl_config({"ray": {"address": "auto"}}).ray.address == "auto"
     assert fl_config(None).ray == RayConfig(None, 0.0)
+
+
+def test_local_instance_cpus_follow_fedpipe_workers(monkeypatch):
+    from fedpipe.fl.ray_executor import local_cpus
+
+    monkeypatch.setenv("FEDPIPE_WORKERS", "3")
+    assert local_cpus() == 3
+    monkeypatch.setenv("FEDPIPE_WORKERS", "0")
+    with pytest.raises(ConfigError):
+        local_cpus()
+    monkeypatch.delenv("FEDPIPE_WORKERS")
+    assert local_cpus() >= 1

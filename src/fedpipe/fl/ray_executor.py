@@ -60,6 +60,19 @@ SCRATCH_ATTRS = ("_scratch", "_slots", "_held", "_tied")
 """The base Strategy's working copy of the model: rebuilt where the strategy is unpickled."""
 
 
+def local_cpus() -> int:
+    """CPUs of a local instance: ``FEDPIPE_WORKERS`` if set (as :mod:`fedpipe.pipeline.workers`
+    reads it; not imported here, the engine does not depend on the pipeline), else the cores this
+    process may use."""
+    raw = os.environ.get("FEDPIPE_WORKERS", "").strip()
+    if not raw:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else (os.cpu_count() or 1))
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError("FEDPIPE_WORKERS", raw, "an integer >= 1 (the number of worker processes)")
+    return int(raw)
+
+
 def connect(cfg: RayConfig, threads: int = 1) -> None:
     """Connect to Ray (once per process): the cluster at ``cfg.address``, or a local instance.
     An unreachable address is a :class:`ConfigError` on ``fl.ray.address``."""
@@ -71,9 +84,7 @@ def connect(cfg: RayConfig, threads: int = 1) -> None:
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING}
     if cfg.address is None:
-        from fedpipe.pipeline.workers import worker_count
-
-        ray.init(num_cpus=max(worker_count(), threads), **quiet)
+        ray.init(num_cpus=max(local_cpus(), threads), **quiet)
         return
     import fedpipe
 
