@@ -170,3 +170,16 @@ def test_local_instance_cpus_follow_fedpipe_workers(monkeypatch):
         local_cpus()
     monkeypatch.delenv("FEDPIPE_WORKERS")
     assert local_cpus() >= 1
+
+
+def test_unreachable_cluster_address_is_a_config_error_at_once():
+    import socket
+
+    from fedpipe.fl.ray_executor import reachable
+
+    with socket.socket() as s:  # a port that nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError) as e:
+            reachable(f"127.0.0.1:{port}", timeout=2.0)
+    assert e.value.key == "fl.ray.address" and "\n" not in str(e.value)

@@ -73,6 +73,21 @@ def local_cpus() -> int:
     return int(raw)
 
 
+def reachable(address: str, timeout: float = 10.0) -> None:
+    """A ``host:port`` (``ray://host:port``) that accepts no TCP connection is a ConfigError at once
+    (Ray itself retries for minutes). ``auto`` is left to Ray."""
+    import socket
+
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConfigError("fl.ray.address", address, "the address of a running Ray cluster "
+                          f"(ray start --head); nothing answers there: {e}") from None
+
+
 def connect(cfg: RayConfig, threads: int = 1) -> None:
     """Connect to Ray (once per process): the cluster at ``cfg.address``, or a local instance.
     An unreachable address is a :class:`ConfigError` on ``fl.ray.address``."""
@@ -88,6 +103,7 @@ def connect(cfg: RayConfig, threads: int = 1) -> None:
         return
     import fedpipe
 
+    reachable(cfg.address)
     try:
         ray.init(address=cfg.address, runtime_env={"py_modules": [fedpipe]}, **quiet)
     except (ConnectionError, RuntimeError, TimeoutError) as e:
@@ -196,6 +212,9 @@ class RayExecutor:
 
     @classmethod
     def from_config(cls, cfg: RayConfig) -> RayExecutor:
+        """The run's executor (made before its first round): a cluster address is checked now."""
+        if cfg.address is not None:
+            reachable(cfg.address)
         return cls(cfg)
 
     def _setup(self, threads: int) -> Any:
