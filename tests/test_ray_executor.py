@@ -1,6 +1,7 @@
 """The Ray executor (``fl.executor: ray``): bit-identical to the serial executor on CPU, data shipped
 once, its config checked before compute."""
 
+import os
 import sys
 import warnings
 
@@ -16,7 +17,7 @@ from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig, RayConfig, fl_config
 from fedpipe.data import ClientData
 from fedpipe.fl import run_federated
-from fedpipe.fl.ray_executor import RayExecutor, pack_data, unpack_data
+from fedpipe.fl.ray_executor import RayExecutor, connect, pack_data, unpack_data
 from fedpipe.tasks import ClassificationTask
 
 N_CLIENTS = 6
@@ -51,8 +52,17 @@ def ray_cluster():
     """One local Ray instance for the module (start-up costs seconds)."""
     started = not ray.is_initialized()
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    if started:  # the executor's own start-up: a local instance of FEDPIPE_WORKERS = 2 CPUs
+        before = os.environ.get("FEDPIPE_WORKERS")
+        os.environ["FEDPIPE_WORKERS"] = "2"
+        try:
+            connect(RayConfig())
+        finally:
+            if before is None:
+                os.environ.pop("FEDPIPE_WORKERS")
+            else:
+                os.environ["FEDPIPE_WORKERS"] = before
+        assert ray.cluster_resources()["CPU"] == 2
     yield
     if started:
         ray.shutdown()

@@ -56,6 +56,9 @@ from fedpipe.rng import torch_generator
 
 log = logging.getLogger(__name__)
 
+START_ATTEMPTS = 3
+"""Tries to start a local Ray instance (Ray gives its raylet a fixed 30 s to come up)."""
+
 SCRATCH_ATTRS = ("_scratch", "_slots", "_held", "_tied")
 """The base Strategy's working copy of the model: rebuilt where the strategy is unpickled."""
 
@@ -99,8 +102,17 @@ def connect(cfg: RayConfig, threads: int = 1) -> None:
     warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING}
     if cfg.address is None:
-        ray.init(num_cpus=max(local_cpus(), threads), **quiet)
-        return
+        for attempt in range(START_ATTEMPTS):
+            try:
+                ray.init(num_cpus=max(local_cpus(), threads), **quiet)
+                return
+            except Exception as e:  # noqa: BLE001 (Ray raises a bare Exception for this)
+                # Ray waits a fixed 30 s for its raylet to register; a heavily loaded machine can
+                # take longer: start again, a few times
+                if "timed out during startup" not in str(e) or attempt + 1 == START_ATTEMPTS:
+                    raise
+                log.warning("local Ray instance timed out during start-up; starting it again")
+                ray.shutdown()
     import fedpipe
 
     reachable(cfg.address)
