@@ -4,6 +4,7 @@ same strict :func:`build`."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,7 @@ from fedpipe.config.core import ConfigError, build, check, check_finite_tree, on
 
 OPTIMIZERS = ("sgd", "adam")
 AGGREGATIONS = ("weighted", "uniform")
-EXECUTORS = ("serial",)
+EXECUTORS = ("serial", "ray")
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,31 @@ class LocalTrainConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """The Ray executor (``fl.executor: ray``, :mod:`fedpipe.fl.ray_executor`): ``address`` of an
+    existing cluster (``host:port`` as printed by ``ray start --head``, ``ray://host:port`` for Ray
+    Client, or ``auto`` for the cluster this machine belongs to); null starts a local instance.
+    ``gpus_per_client``: GPUs reserved by each client's task (fractions share a GPU; 0 = CPU)."""
+
+    address: str | None = None
+    gpus_per_client: float = 0.0
+
+    def validate(self, p: str) -> None:
+        if self.address is not None:
+            check(self.address == "auto"
+                  or re.fullmatch(r"(ray://)?[A-Za-z0-9.\-]+:\d{1,5}", self.address) is not None,
+                  f"{p}.address", self.address, "null (a local instance), auto, host:port or "
+                  "ray://host:port")
+        check(self.gpus_per_client >= 0, f"{p}.gpus_per_client", self.gpus_per_client,
+              "a number >= 0")
+
+
+@dataclass(frozen=True)
 class FLConfig:
     """The round loop: ``rounds``; ``participation`` ratio p (n = max(round(N p), 1) clients sampled
     without replacement per round); ``aggregation`` weighted by sample count or uniform;
-    evaluation every ``eval_every`` rounds; a checkpoint every ``checkpoint_every`` rounds."""
+    evaluation every ``eval_every`` rounds; a checkpoint every ``checkpoint_every`` rounds;
+    ``executor`` runs the clients' work (``serial``; ``ray``: Ray tasks, set up by ``ray``)."""
 
     rounds: int = 20
     participation: float = 1.0
@@ -63,6 +85,7 @@ class FLConfig:
     checkpoint_every: int = 5
     executor: str = "serial"
     local: LocalTrainConfig = field(default_factory=LocalTrainConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self, p: str) -> None:
         check(self.rounds >= 1, f"{p}.rounds", self.rounds, "an integer >= 1")
@@ -83,9 +106,11 @@ def fl_config(data: dict[str, Any] | None, prefix: str = "fl") -> FLConfig:
         raise ConfigError(prefix, data, "a mapping of round-loop settings with a local mapping")
     data = dict(data or {})
     local = build(LocalTrainConfig, section(data, "local", prefix), f"{prefix}.local")
+    ray = build(RayConfig, section(data, "ray", prefix), f"{prefix}.ray")
     data.pop("local", None)
+    data.pop("ray", None)
     cfg = build(FLConfig, data, prefix)
-    return FLConfig(**{**cfg.__dict__, "local": local})
+    return FLConfig(**{**cfg.__dict__, "local": local, "ray": ray})
 
 
 @dataclass(frozen=True)

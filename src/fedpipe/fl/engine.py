@@ -107,7 +107,17 @@ class SerialExecutor:
         return out
 
 
-EXECUTORS: dict[str, Callable[[], Executor]] = {"serial": SerialExecutor}
+def _ray_executor(fl: FLConfig) -> Executor:
+    from fedpipe.fl.ray_executor import RayExecutor  # Ray is imported only when asked for
+
+    return RayExecutor.from_config(fl.ray)
+
+
+EXECUTORS: dict[str, Callable[[FLConfig], Executor]] = {
+    "serial": lambda fl: SerialExecutor(),
+    "ray": _ray_executor,
+}
+"""``fl.executor`` -> a factory given the run's :class:`FLConfig`."""
 
 
 # -- per-client state ------------------------------------------------------------------------
@@ -353,7 +363,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
             log.info("resuming from checkpoint at round %d", start)
         else:
             log.info("ignoring checkpoint with a different fingerprint (other params or data)")
-    executor = EXECUTORS[fl.executor]()
+    executor = EXECUTORS[fl.executor](fl)
     available = list(range(len(train)))
 
     def client_state(cid: int) -> ClientState:

@@ -1,0 +1,123 @@
+"""Ray executor against the serial executor on this machine: seconds per round of each, the Ray
+overhead per round, and how the Ray round time changes with the number of CPUs of the local instance.
+
+Same FedAvg run both ways (digits, ``--clients`` iid clients, all of them every round, MLP, local SGD),
+so the two give the same weights bit for bit (checked). Per-round time is the steady state: the time
+from the end of round 1 to the end of the last round, over ``rounds - 1`` (Ray's worker start-up falls
+in round 1, ``ray.init`` before it; both are printed apart). For each CPU count the local Ray instance is
+started anew, and the serial and Ray runs alternate (``--repeats``), so machine noise hits both.
+
+Scaling: a round's K clients run on min(K, C) CPUs at once. With per-client compute c (serial time / K)
+and a Ray overhead o per client task (measured at 1 CPU: (ray - serial) / K), the round time on C CPUs
+is about ceil(K / C) * (c + o); the script prints that estimate for more CPUs.
+
+    python benchmarks/ray_overhead.py [--clients 10] [--rounds 6] [--epochs 2] [--cpus 1 2]
+
+The last line is ``speedup X``: serial time / Ray time per round at the largest CPU count (below 1
+when Ray is slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from fedpipe.config import dataset_config, partition_config
+from fedpipe.config.fl import FLConfig, LocalTrainConfig
+from fedpipe.data import ClientData, load_dataset, make_partition
+from fedpipe.fl import Strategy, run_federated
+from fedpipe.models import build_model
+from fedpipe.tasks import ClassificationTask
+
+
+def setup(num_clients: int, hidden: int):
+    ds = load_dataset(dataset_config({"name": "digits"}))
+    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
+                          partition_config({"scheme": "iid", "num_clients": num_clients}), 0)
+    clients = [ClientData(ds.train.x[torch.from_numpy(i)], ds.train.y[torch.from_numpy(i)])
+               for i in part.train]
+
+    def model_fn() -> nn.Module:
+        torch.manual_seed(0)
+        return build_model("mlp", ds.meta.shape, 10, hidden=hidden, mean=ds.meta.mean,
+                           std=ds.meta.std)
+
+    return clients, model_fn
+
+
+def timed_run(executor: str, clients, model_fn, local: LocalTrainConfig, rounds: int):
+    """(seconds per round after round 1, seconds of round 1, final weights)."""
+    fl = FLConfig(rounds=rounds, participation=1.0, local=local, eval_every=10**6,
+                  executor=executor)
+    strategy = Strategy(ClassificationTask(), model_fn, local, num_clients=len(clients))
+    ends: list[float] = []
+    t0 = time.perf_counter()
+    res = run_federated(strategy, model_fn(), clients, fl, seed=0, progress=False,
+                        on_round=lambda rec: ends.append(time.perf_counter()))
+    return (ends[-1] - ends[0]) / (rounds - 1), ends[0] - t0, res.state.weights
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--cpus", type=int, nargs="+", default=[1, 2])
+    args = ap.parse_args()
+
+    import ray
+
+    from fedpipe.config.fl import RayConfig
+    from fedpipe.fl.ray_executor import connect
+
+    torch.set_num_threads(1)  # one thread per client task, as the pipeline's workers
+    clients, model_fn = setup(args.clients, args.hidden)
+    local = LocalTrainConfig(epochs=args.epochs, batch_size=32, lr=0.05)
+    k = len(clients)
+    print(f"FedAvg, digits, {k} clients per round, MLP hidden {args.hidden}, {args.epochs} local "
+          f"epochs, {args.rounds} rounds; torch threads 1; machine: {os.cpu_count()} CPUs")
+    results = {}
+    for cpus in args.cpus:
+        os.environ["FEDPIPE_WORKERS"] = str(cpus)
+        t = time.perf_counter()
+        connect(RayConfig(), threads=1)
+        init_s = time.perf_counter() - t
+        serial, on_ray, first = [], [], []
+        for _ in range(args.repeats):
+            s, _, w_serial = timed_run("serial", clients, model_fn, local, args.rounds)
+            r, r1, w_ray = timed_run("ray", clients, model_fn, local, args.rounds)
+            assert all(torch.equal(w_serial[n], w_ray[n]) for n in w_serial), "not bit-identical"
+            serial.append(s)
+            on_ray.append(r)
+            first.append(r1)
+        ray.shutdown()
+        s, r = statistics.median(serial), statistics.median(on_ray)
+        results[cpus] = (s, r)
+        print(f"num_cpus={cpus}: ray.init {init_s:.1f} s, Ray round 1 (worker start) "
+              f"{first[0]:.2f} s; per round: serial {s:.3f} s, ray {r:.3f} s, overhead "
+              f"{r - s:+.3f} s/round ({(r - s) / k * 1000:+.1f} ms per client task); bit-identical")
+
+    # scaling estimate from the 1-CPU measurement (or the smallest measured)
+    c1 = min(results)
+    s, r = results[c1]
+    per_client = s / k
+    per_task = max(r / math.ceil(k / c1) - per_client, 0.0)  # at 1 CPU: (ray - serial) / K
+    est = {c: math.ceil(k / c) * (per_client + per_task) for c in (2, 4, 8, 16)}
+    print(f"per client: compute {per_client * 1000:.1f} ms, Ray overhead {per_task * 1000:.1f} ms; "
+          "estimated Ray s/round with C CPUs (ceil(K/C) * (compute + overhead)): "
+          + ", ".join(f"C={c}: {v:.3f} s ({s / v:.2f}x serial)" for c, v in est.items()))
+    big = max(results)
+    s, r = results[big]
+    print(f"speedup {s / r:.2f}")
+
+
+if __name__ == "__main__":
+    main()
