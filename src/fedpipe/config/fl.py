@@ -11,7 +11,7 @@ from fedpipe.config.core import ConfigError, build, check, check_finite_tree, on
 
 OPTIMIZERS = ("sgd", "adam")
 AGGREGATIONS = ("weighted", "uniform")
-EXECUTORS = ("serial",)
+EXECUTORS = ("serial", "batched")
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from fedpipe.config.fl import FLConfig
 from fedpipe.data import ClientData
 from fedpipe.device import module_device
 from fedpipe.errors import DivergenceError
+from fedpipe.fl.batched import BatchedExecutor
 from fedpipe.fl.state import (
     ClientState,
     ClientUpdate,
@@ -107,7 +108,8 @@ class SerialExecutor:
         return out
 
 
-EXECUTORS: dict[str, Callable[[], Executor]] = {"serial": SerialExecutor}
+EXECUTORS: dict[str, Callable[[], Executor]] = {"serial": SerialExecutor,
+                                                 "batched": BatchedExecutor}
 
 
 # -- per-client state ------------------------------------------------------------------------
