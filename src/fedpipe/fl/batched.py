@@ -140,6 +140,8 @@ class BatchedExecutor:
             from fedpipe.fl.engine import SerialExecutor
 
             return SerialExecutor().run(strategy, payloads, jobs, seed)
+        if not jobs:
+            return []
         plans = [strategy.batched_plan(payloads[cid], cstate, data, cid)
                  for cid, cstate, data in jobs]
         gens = [torch_generator(seed, "client-update", payloads[cid].round, cid)
@@ -196,15 +198,18 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
     order = sorted(range(k), key=lambda i: (-steps[i], i))  # longest first: active = a prefix
     s_max = steps[order[0]] if k else 0
 
-    def stack(get) -> dict[str, torch.Tensor]:
-        return {n: torch.stack([get(plans[i], n) for i in order]) for n in names_all}
+    def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+        first = tensors[0]
+        if all(t is first for t in tensors):  # the same global weights for all: one copy
+            return first.detach().unsqueeze(0).repeat(len(tensors), *([1] * first.dim()))
+        return torch.stack([t.detach() for t in tensors])
 
     with torch.no_grad():
-        state = stack(lambda p, n: p.start[n].detach())
+        state = {n: stack([plans[i].start[n] for i in order]) for n in names_all}
         params = {n: state[n] for n in train_names}
         consts = {n: state[n] for n in const_names}
         use_prox = any(p.prox_mu for p in plans)
-        centre = ({n: torch.stack([plans[i].prox_centre[n] for i in order]) for n in train_names}
+        centre = ({n: stack([plans[i].prox_centre[n] for i in order]) for n in train_names}
                   if use_prox else None)
         mu = (torch.tensor([plans[i].prox_mu for i in order], dtype=torch.float32)
               if use_prox else None)
@@ -272,14 +277,15 @@ def _pad(batches: list[tuple[torch.Tensor, torch.Tensor]]
         y = torch.stack([y for _, y in batches])
         return x, y, torch.ones(len(batches), b)
     x0, y0 = batches[0]
-    x = x0.new_zeros((len(batches), b, *x0.shape[1:]))
-    y = y0.new_zeros((len(batches), b))
-    mask = torch.zeros(len(batches), b)
-    for j, (xb, yb) in enumerate(batches):
-        x[j, :len(yb)] = xb
-        y[j, :len(yb)] = yb
-        mask[j, :len(yb)] = 1.0
-    return x, y, mask
+    n = len(batches)
+    rows = torch.cat([torch.arange(s) + j * b for j, s in enumerate(sizes)])  # real samples' slots
+    x = x0.new_zeros((n * b, *x0.shape[1:]))
+    y = y0.new_zeros(n * b)
+    mask = torch.zeros(n * b)
+    x[rows] = torch.cat([xb for xb, _ in batches])
+    y[rows] = torch.cat([yb for _, yb in batches])
+    mask[rows] = 1.0
+    return x.view(n, b, *x0.shape[1:]), y.view(n, b), mask.view(n, b)
 
 
 def _clip_(grads: dict[str, torch.Tensor], max_norm: float) -> None:
