@@ -15,6 +15,12 @@ stacked tensors). ``tests/test_batched.py`` checks, after 2 rounds of several lo
 aggregated weight and every client-state tensor to ``atol = 1e-5, rtol = 1e-4`` (:data:`ATOL`,
 :data:`RTOL`) and the round losses to ``1e-5`` relative; observed differences are around 1e-7.
 It is not bit-identical: use ``serial`` (the default) where bit-for-bit results matter.
+One exception to the elementwise tolerance: Adam on the diffusion UNet. Adam divides each coordinate's
+step by its gradient's size, so a coordinate whose gradient is round-off sized (conv weights feeding a
+GroupNorm, say) takes a full-size step whose sign is the round-off's: there single entries differ by up
+to lr per step. The test checks the whole update instead: ``||w_batched - w_serial|| <= 1e-2
+||w_serial - w_0||`` (:data:`ADAM_UPDATE_RTOL`; measured 2e-4 to 2.4e-3). SGD on the UNet, and Adam on
+the classifiers, meet the elementwise tolerance.
 
 **Clients of unequal size: pad and mask.** Clients are sorted by their number of local steps
 (longest first), so at step s the clients still training are a prefix of the stack and only that
@@ -33,8 +39,13 @@ vouches for the ``client_update`` of the class that declares it: a subclass that
 ``client_update`` without declaring ``batchable`` again is not batched. Batched today: FedAvg, FedProx
 (and PowD, which trains as FedProx), SCAFFOLD (both control-variate rules) and FedPer (personal head).
 
+**Tasks.** Classification (cross-entropy) and diffusion (the DDPM eps-MSE of
+:class:`~fedpipe.tasks.diffusion.DiffusionTask`: each client's t and eps are drawn from its stream
+outside the vectorised step, in the serial order). The warm-up stage's independent client DDPMs
+(``fedpipe.pipeline`` per-client jobs, not the round loop) are not batched.
+
 **Fallback.** A strategy that is not batchable, or a run the vectorised step does not cover (a task
-other than classification, a model with BatchNorm or dropout, whose training-mode forward has state or
+other than these two, a model with BatchNorm or dropout, whose training-mode forward has state or
 randomness of its own), runs serially, with ONE log line per run naming the method and the reason.
 Probes (power-of-choice) always run serially: they are a single forward pass per client.
 
@@ -67,6 +78,8 @@ log = logging.getLogger(__name__)
 ATOL = 1e-5
 RTOL = 1e-4
 """The documented agreement of batched with serial (weights and client state after 2 rounds)."""
+ADAM_UPDATE_RTOL = 1e-2
+"""Adam on the diffusion UNet: ||w_batched - w_serial|| / ||w_serial - w_0|| (see the module doc)."""
 
 
 @dataclass
@@ -103,11 +116,9 @@ def unsupported_reason(strategy: Strategy) -> str | None:
     """Why ``strategy``'s client step cannot be batched in this run (None: it can)."""
     if not supports_batching(strategy):
         return "its client step is not declared batchable"
-    from fedpipe.tasks import ClassificationTask
-
-    if not isinstance(strategy.task, ClassificationTask):
+    if batched_loss(strategy.task) is None:
         return f"task {getattr(strategy.task, 'name', type(strategy.task).__name__)!r} has no " \
-               f"batched loss (classification only)"
+               f"batched loss (classification and diffusion have)"
     model = strategy.scratch_model_instance()
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -177,6 +188,58 @@ def _masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Ten
     return (per * mask).sum() / mask.sum()
 
 
+class ClassificationLoss:
+    """``ClassificationTask.loss`` (cross-entropy, batch mean) over a padded batch."""
+
+    def inputs(self, batch, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
+        x, y = batch
+        return x.to(device), y.to(device)
+
+    def loss(self, model: nn.Module, weights: Weights, inputs, mask: torch.Tensor) -> torch.Tensor:
+        x, y = inputs
+        return _masked_cross_entropy(functional_call(model, weights, (x,)), y, mask)
+
+
+class DiffusionLoss:
+    """``DiffusionTask.loss`` (Ho et al.'s l_simple, eq. 6) over a padded batch. The task's draws
+    (t, then eps, from the client's stream, :meth:`DiffusionTask._noise`) and the forward process
+    (eq. 3) happen per client outside the vectorised step, in the serial order (the batch first, then
+    t and eps); the mean of the per-sample pixel means over the real samples is the task's mean."""
+
+    def __init__(self, task) -> None:
+        self.task = task
+
+    def inputs(self, batch, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
+        x, y = batch
+        x0 = x.to(device, torch.float32) * 2 - 1  # [0, 1] -> [-1, 1], as the task
+        t, eps = self.task._noise(x0, gen)
+        t, eps = t.to(device), eps.to(device)
+        return self.task.scheduler.add_noise(x0, eps, t), t, y.to(device), eps
+
+    def loss(self, model: nn.Module, weights: Weights, inputs, mask: torch.Tensor) -> torch.Tensor:
+        from fedpipe.tasks.diffusion import _autocast
+
+        x_t, t, y, eps = inputs
+        with _autocast(x_t.device):
+            pred = functional_call(model, weights, (x_t, t, y if self.task.conditional else None))
+        per = ((pred.float() - eps) ** 2).flatten(1).mean(1)
+        return (per * mask).sum() / mask.sum()
+
+
+def batched_loss(task) -> ClassificationLoss | DiffusionLoss | None:
+    """The vectorisable form of ``task``'s loss (None: the task has none)."""
+    from fedpipe.tasks import ClassificationTask
+
+    if isinstance(task, ClassificationTask):
+        return ClassificationLoss()
+    if getattr(task, "name", None) == "diffusion":
+        from fedpipe.tasks.diffusion import DiffusionTask
+
+        if isinstance(task, DiffusionTask):
+            return DiffusionLoss(task)
+    return None
+
+
 def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Sequence,
                   gens: Sequence[torch.Generator], round_: int
                   ) -> list[tuple[Weights, dict[str, float], Weights | None]]:
@@ -220,14 +283,16 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
         use_gsum = any(p.grad_sum for p in plans)
         gsum = {n: torch.zeros_like(params[n]) for n in train_names} if use_gsum else None
 
-    def loss_fn(p, c, x, y, mask, centre_i, mu_i):
-        logits = functional_call(model, {**p, **c}, (x,))
-        loss = _masked_cross_entropy(logits, y, mask)
+    task_loss = batched_loss(strategy.task)
+    device = next(iter(state.values())).device
+
+    def loss_fn(p, c, inputs, mask, centre_i, mu_i):
+        loss = task_loss.loss(model, {**p, **c}, inputs, mask)
         if centre_i is not None:  # FedProx, Eq. 2: F_k(w) + mu/2 ||w - w^t||^2
             loss = loss + mu_i / 2 * sum(((p[n] - centre_i[n]) ** 2).sum() for n in p)
         return loss
 
-    step_fn = vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0,
+    step_fn = vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0,
                                                      0 if use_prox else None,
                                                      0 if use_prox else None))
     opt = _StackedOptimizer(cfg, lr, params)
@@ -235,11 +300,11 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
     loss_sum = torch.zeros(k, dtype=torch.float64)
     for s in range(s_max):
         a = sum(1 for i in order if steps[i] > s)  # active clients: order[:a]
-        batches = [next(iters[j]) for j in range(a)]
-        x, y, mask = _pad(batches)
+        inputs, mask = _pad([task_loss.inputs(next(iters[j]), gens[order[j]], device)
+                             for j in range(a)])
         sl = {n: v[:a] for n, v in params.items()}
         cl = {n: v[:a] for n, v in consts.items()}
-        grads, loss = step_fn(sl, cl, x, y, mask,
+        grads, loss = step_fn(sl, cl, inputs, mask,
                               {n: v[:a] for n, v in centre.items()} if use_prox else None,
                               mu[:a] if use_prox else None)
         with torch.no_grad():
@@ -267,25 +332,25 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
     return out
 
 
-def _pad(batches: list[tuple[torch.Tensor, torch.Tensor]]
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack the clients' batches, zero-padded to the largest, with a 0/1 mask of real samples."""
-    sizes = [len(y) for _, y in batches]
-    b = max(sizes)
+def _pad(items: list[tuple[torch.Tensor, ...]]
+         ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Stack the clients' batch tensors (each a tuple of tensors with the samples along dim 0),
+    zero-padded to the largest batch, with a 0/1 mask of the real samples."""
+    sizes = [len(it[0]) for it in items]
+    b, n = max(sizes), len(items)
     if all(s == b for s in sizes):
-        x = torch.stack([x for x, _ in batches])
-        y = torch.stack([y for _, y in batches])
-        return x, y, torch.ones(len(batches), b)
-    x0, y0 = batches[0]
-    n = len(batches)
+        return (tuple(torch.stack(ts) for ts in zip(*items, strict=True)),
+                torch.ones(n, b, device=items[0][0].device))
     rows = torch.cat([torch.arange(s) + j * b for j, s in enumerate(sizes)])  # real samples' slots
-    x = x0.new_zeros((n * b, *x0.shape[1:]))
-    y = y0.new_zeros(n * b)
+    out = []
+    for ts in zip(*items, strict=True):
+        t0 = ts[0]
+        full = t0.new_zeros((n * b, *t0.shape[1:]))
+        full[rows.to(t0.device)] = torch.cat(ts)
+        out.append(full.view(n, b, *t0.shape[1:]))
     mask = torch.zeros(n * b)
-    x[rows] = torch.cat([xb for xb, _ in batches])
-    y[rows] = torch.cat([yb for _, yb in batches])
     mask[rows] = 1.0
-    return x.view(n, b, *x0.shape[1:]), y.view(n, b), mask.view(n, b)
+    return tuple(out), mask.view(n, b).to(items[0][0].device)
 
 
 def _clip_(grads: dict[str, torch.Tensor], max_norm: float) -> None:
