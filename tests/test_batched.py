@@ -131,6 +131,28 @@ def test_same_seed_same_result_other_seed_differs():
     assert any(not torch.equal(a.state.weights[k], c.state.weights[k]) for k in a.state.weights)
 
 
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
+    """Checkpoint after round 1, resume: bit for bit the uninterrupted batched run (SCAFFOLD's
+    c and c_i go through the checkpoint)."""
+    local = LOCALS["sgd"]
+
+    def go(**kw):
+        clients = make_clients(SIZES)
+        fl = FLConfig(rounds=2, participation=0.7, local=local, executor="batched",
+                      checkpoint_every=1)
+        s = ALGORITHMS["scaffold"](ClassificationTask(), Net, local,
+                                   algorithm_config("scaffold", {}), num_clients=len(SIZES))
+        return run_federated(s, Net(), clients, fl, 3, progress=False, **kw)
+
+    full = go()
+    go(checkpoint_dir=tmp_path, stop_after=1)
+    resumed = go(checkpoint_dir=tmp_path)
+    assert resumed.resumed_from == 1
+    assert_identical(full.state.weights, resumed.state.weights)
+    assert_identical(full.state.extra, resumed.state.extra)
+    assert full.history == resumed.history
+
+
 def test_unsupported_method_falls_back_to_serial_with_one_log_line(caplog):
     with caplog.at_level(logging.INFO, logger="fedpipe.fl.batched"):
         batched = run("fedrep", "batched", LOCALS["sgd"])
