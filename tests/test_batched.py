@@ -21,11 +21,13 @@ from fedpipe.fl.batched import (
     ADAM_UPDATE_RTOL,
     ATOL,
     RTOL,
+    BatchedExecutor,
     _masked_cross_entropy,
     _pad,
     _StackedOptimizer,
     supports_batching,
 )
+from fedpipe.fl.engine import SerialExecutor
 from fedpipe.fl.local import make_optimizer
 from fedpipe.tasks import ClassificationTask
 
@@ -121,6 +123,26 @@ def test_scaffold_option2_and_all_clients_of_unequal_steps():
     assert_close(a.state.extra, b.state.extra)
     for cid in range(len(sizes)):
         assert_close(a.client_states[cid], b.client_states[cid])
+
+
+@pytest.mark.parametrize("name", ["fedddpm", "fedddpm_plus"])
+def test_fedddpm_client_step_batched_equals_serial(name):
+    """FedDDPM(+) train clients as FedAvg (their server steps need the pipeline's aux data and
+    score, so the executors are compared on one round's client work directly)."""
+    local = LOCALS["adam"]
+    s = ALGORITHMS[name](ClassificationTask(), Net, local, algorithm_config(name, {}),
+                         num_clients=len(SIZES))
+    state = s.init_server(Net())
+    clients = make_clients(SIZES)
+    payloads = {c: s.payload(state, 1, c) for c in range(len(SIZES))}
+    jobs = [(c, s.init_client(c), clients[c]) for c in range(len(SIZES))]
+    assert supports_batching(s)
+    serial = SerialExecutor().run(s, payloads, jobs, 7)
+    batched = BatchedExecutor().run(s, payloads, jobs, 7)
+    for (us, _, ms), (ub, _, mb) in zip(serial, batched, strict=True):
+        assert us.client_id == ub.client_id and us.num_samples == ub.num_samples
+        assert_close(us.weights, ub.weights)
+        assert mb["steps"] == ms["steps"] and mb["loss"] == pytest.approx(ms["loss"], rel=1e-5)
 
 
 def test_same_seed_same_result_other_seed_differs():

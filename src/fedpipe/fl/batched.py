@@ -37,7 +37,8 @@ fixed gradient correction and a running sum of raw gradients (SCAFFOLD)) and ``b
 (the update and client state from the trained weights, as its ``client_update`` builds them). The flag
 vouches for the ``client_update`` of the class that declares it: a subclass that overrides
 ``client_update`` without declaring ``batchable`` again is not batched. Batched today: FedAvg, FedProx
-(and PowD, which trains as FedProx), SCAFFOLD (both control-variate rules) and FedPer (personal head).
+(and PowD, which trains as FedProx), SCAFFOLD (both control-variate rules), FedPer (personal head),
+FedDDPM and FedDDPM+ (FedAvg's client step).
 
 **Tasks.** Classification (cross-entropy) and diffusion (the DDPM eps-MSE of
 :class:`~fedpipe.tasks.diffusion.DiffusionTask`: each client's t and eps are drawn from its stream
