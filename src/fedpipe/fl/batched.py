@@ -68,7 +68,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedpipe.fl.local import iterate_batches, trainable_parameters
-from fedpipe.fl.state import Weights
+from fedpipe.fl.state import Weights, repeated_names
 from fedpipe.rng import torch_generator
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ def unsupported_reason(strategy: Strategy) -> str | None:
             return "the model has BatchNorm (running statistics change in the forward pass)"
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             return "the model has dropout (its randomness is not on the client's stream)"
+    if repeated_names(model.state_dict(keep_vars=True)):
+        return "the model ties weights (one tensor under several names)"
     if strategy.local.optimizer not in ("sgd", "adam"):
         return f"optimizer {strategy.local.optimizer!r}"
     return None
@@ -275,7 +277,8 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
         use_prox = any(p.prox_mu for p in plans)
         centre = ({n: stack([plans[i].prox_centre[n] for i in order]) for n in train_names}
                   if use_prox else None)
-        mu = (torch.tensor([plans[i].prox_mu for i in order], dtype=torch.float32)
+        device = next(iter(state.values())).device
+        mu = (torch.tensor([plans[i].prox_mu for i in order], dtype=torch.float32, device=device)
               if use_prox else None)
         use_corr = any(p.correction is not None for p in plans)
         corr = ({n: torch.stack([plans[i].correction[n] if plans[i].correction is not None
@@ -285,7 +288,6 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
         gsum = {n: torch.zeros_like(params[n]) for n in train_names} if use_gsum else None
 
     task_loss = batched_loss(strategy.task)
-    device = next(iter(state.values())).device
 
     def loss_fn(p, c, inputs, mask, centre_i, mu_i):
         loss = task_loss.loss(model, {**p, **c}, inputs, mask)
@@ -298,7 +300,7 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
                                                      0 if use_prox else None))
     opt = _StackedOptimizer(cfg, lr, params)
     iters = [iterate_batches(datas[i], cfg, gens[i]) for i in order]
-    loss_sum = torch.zeros(k, dtype=torch.float64)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=device)  # read once, at the end
     for s in range(s_max):
         a = sum(1 for i in order if steps[i] > s)  # active clients: order[:a]
         inputs, mask = _pad([task_loss.inputs(next(iters[j]), gens[order[j]], device)
@@ -324,6 +326,7 @@ def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Seque
 
     out: list[Any] = [None] * k
     with torch.no_grad():
+        loss_sum = loss_sum.cpu()
         for j, i in enumerate(order):
             w = {n: state[n][j].clone() for n in names_all}
             metrics = {"loss": float(loss_sum[j]) / steps[i] if steps[i] else 0.0,
