@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedpipe.device import autocast
 from fedpipe.fl.local import iterate_batches, trainable_parameters
 from fedpipe.fl.state import Weights, repeated_names
 from fedpipe.rng import torch_generator
@@ -192,7 +193,11 @@ def _masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Ten
 
 
 class ClassificationLoss:
-    """``ClassificationTask.loss`` (cross-entropy, batch mean) over a padded batch."""
+    """``ClassificationTask.loss`` (cross-entropy, batch mean) over a padded batch; under the task's
+    bf16 autocast on CUDA, as the task (``compile`` does not apply to the vectorised step)."""
+
+    def __init__(self, task) -> None:
+        self.task = task
 
     def inputs(self, batch, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
         x, y = batch
@@ -200,7 +205,9 @@ class ClassificationLoss:
 
     def loss(self, model: nn.Module, weights: Weights, inputs, mask: torch.Tensor) -> torch.Tensor:
         x, y = inputs
-        return _masked_cross_entropy(functional_call(model, weights, (x,)), y, mask)
+        with autocast(x.device, getattr(self.task, "bf16_autocast", True)):
+            logits = functional_call(model, weights, (x,))
+        return _masked_cross_entropy(logits.float(), y, mask)
 
 
 class DiffusionLoss:
@@ -215,15 +222,12 @@ class DiffusionLoss:
     def inputs(self, batch, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
         x, y = batch
         x0 = x.to(device, torch.float32) * 2 - 1  # [0, 1] -> [-1, 1], as the task
-        t, eps = self.task._noise(x0, gen)
-        t, eps = t.to(device), eps.to(device)
+        t, eps = self.task._noise(x0, gen)  # on x0's device, as the task draws them
         return self.task.scheduler.add_noise(x0, eps, t), t, y.to(device), eps
 
     def loss(self, model: nn.Module, weights: Weights, inputs, mask: torch.Tensor) -> torch.Tensor:
-        from fedpipe.tasks.diffusion import _autocast
-
         x_t, t, y, eps = inputs
-        with _autocast(x_t.device):
+        with autocast(x_t.device, getattr(self.task, "bf16_autocast", True)):
             pred = functional_call(model, weights, (x_t, t, y if self.task.conditional else None))
         per = ((pred.float() - eps) ** 2).flatten(1).mean(1)
         return (per * mask).sum() / mask.sum()
@@ -234,7 +238,7 @@ def batched_loss(task) -> ClassificationLoss | DiffusionLoss | None:
     from fedpipe.tasks import ClassificationTask
 
     if isinstance(task, ClassificationTask):
-        return ClassificationLoss()
+        return ClassificationLoss(task)
     if getattr(task, "name", None) == "diffusion":
         from fedpipe.tasks.diffusion import DiffusionTask
 
