@@ -63,6 +63,7 @@ class FedAvgConfig:
 class FedAvg(KeepsLocalModel):
     name = "fedavg"
     config_class = FedAvgConfig
+    batchable = True  # fl.executor: batched (fedpipe.fl.batched)
 
     def keeps_local_model(self) -> bool:
         return self.cfg.keep_local_model
@@ -72,4 +73,11 @@ class FedAvg(KeepsLocalModel):
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
         update, client_state, metrics = super().client_update(payload, client_state, data, gen,
                                                               client_id)
+        return update, self.remember(client_state, update.weights), metrics
+
+    def batched_finish(self, plan, payload, client_state, data, client_id, weights, metrics,
+                       grad_sum):
+        update, client_state, metrics = super().batched_finish(plan, payload, client_state, data,
+                                                               client_id, weights, metrics,
+                                                               grad_sum)
         return update, self.remember(client_state, update.weights), metrics

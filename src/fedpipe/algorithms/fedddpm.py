@@ -235,6 +235,7 @@ class FedDDPM(Strategy):
 
     name = "fedddpm"
     config_class = FedDDPMConfig
+    batchable = True  # its client step is FedAvg's: fl.executor batched may run it
 
     def init_server(self, model: nn.Module) -> ServerState:
         return ServerState(weights=clone(model.state_dict()), meta={"server_steps": 0})
@@ -253,6 +254,7 @@ class FedDDPMPlus(Strategy):
 
     name = "fedddpm_plus"
     config_class = FedDDPMPlusConfig
+    batchable = True  # its client step is FedAvg's: fl.executor batched may run it
 
     def init_server(self, model: nn.Module) -> ServerState:
         return ServerState(weights=clone(model.state_dict()),

@@ -12,3 +12,4 @@ from fedpipe.fl.strategy import Strategy
 class FedPer(Strategy):
     name = "fedper"
     personal_modules = ("head",)
+    batchable = True  # the base client step with a personal head (fedpipe.fl.batched)

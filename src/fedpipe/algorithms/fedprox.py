@@ -22,6 +22,7 @@ from torch import nn
 
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
+from fedpipe.fl.batched import BatchedPlan
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import ClientUpdate, Payload, clone, trainable
 from fedpipe.fl.strategy import ClientState, Strategy
@@ -41,6 +42,7 @@ class FedProxConfig:
 class FedProx(Strategy):
     name = "fedprox"
     config_class = FedProxConfig
+    batchable = True  # fl.executor: batched adds the proximal term in its vectorised step
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
@@ -59,3 +61,13 @@ class FedProx(Strategy):
                               loss_fn=local_objective)
         update = ClientUpdate(client_id, len(data), clone(model.state_dict()), metrics=metrics)
         return update, client_state, metrics
+
+    def batched_plan(self, payload: Payload, client_state: ClientState, data: ClientData,
+                     client_id: int = 0) -> BatchedPlan:
+        """Eq. 2 for ``fl.executor: batched``: local training from w^t with mu/2 ||w - w^t||^2."""
+        centre = {n: payload.weights[n] for n in trainable(self.scratch_model_instance())}
+        return BatchedPlan(start=payload.weights, prox_mu=self.cfg.mu, prox_centre=centre)
+
+    def batched_finish(self, plan, payload, client_state, data, client_id, weights, metrics,
+                       grad_sum):
+        return ClientUpdate(client_id, len(data), weights, metrics=metrics), client_state, metrics

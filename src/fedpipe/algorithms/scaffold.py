@@ -62,6 +62,7 @@ from torch import nn
 
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
+from fedpipe.fl.batched import BatchedPlan
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import (
     ClientUpdate,
@@ -171,6 +172,7 @@ def server_step(x: Weights, y_avg: Weights, global_lr: float) -> Weights:
 class Scaffold(Strategy):
     name = "scaffold"
     config_class = ScaffoldConfig
+    batchable = True  # fl.executor: batched adds c - c_i to the vectorised gradients
 
     def init_server(self, model: nn.Module) -> ServerState:
         c = {n: torch.zeros_like(p.detach()) for n, p in trainable(model).items()}
@@ -202,6 +204,31 @@ class Scaffold(Strategy):
                                               self.local.lr_at(payload.round))
         dc = {n: c_i_new[n] - c_i[n] for n in params}
         update = ClientUpdate(client_id, len(data), y, extra={"dc": dc}, metrics=metrics)
+        return update, {"c_i": c_i_new}, metrics
+
+    def batched_plan(self, payload: Payload, client_state: ClientState, data: ClientData,
+                     client_id: int = 0) -> BatchedPlan:
+        """Line 10 for ``fl.executor: batched``: the correction c - c_i, and the raw-gradient sum
+        when the control variate is the mean gradient."""
+        params = trainable(self.scratch_model_instance())
+        c = read(payload.extra.get("c"), params)
+        c_i = read(client_state.get("c_i"), params)
+        rule = control_variate_rule(self.cfg.control_variate, self.local.optimizer)
+        return BatchedPlan(start=payload.weights, correction={n: c[n] - c_i[n] for n in params},
+                           grad_sum=rule == "mean_gradient",
+                           context={"c": c, "c_i": c_i, "rule": rule})
+
+    def batched_finish(self, plan, payload, client_state, data, client_id, weights, metrics,
+                       grad_sum):
+        """Lines 12-14 from the batched executor's trained weights y_i (as :meth:`client_update`)."""
+        c, c_i, rule = plan.context["c"], plan.context["c_i"], plan.context["rule"]
+        if rule == "mean_gradient":
+            c_i_new = mean_gradient_control_variate(grad_sum, metrics["steps"], c_i)
+        else:
+            c_i_new = option2_control_variate(c_i, c, payload.weights, weights, metrics["steps"],
+                                              self.local.lr_at(payload.round))
+        dc = {n: c_i_new[n] - c_i[n] for n in c_i}
+        update = ClientUpdate(client_id, len(data), weights, extra={"dc": dc}, metrics=metrics)
         return update, {"c_i": c_i_new}, metrics
 
     def aggregate(self, state: ServerState, rnd: RoundInfo) -> ServerState:

@@ -12,7 +12,7 @@ from fedpipe.config.core import ConfigError, build, check, check_finite_tree, on
 
 OPTIMIZERS = ("sgd", "adam")
 AGGREGATIONS = ("weighted", "uniform")
-EXECUTORS = ("serial", "ray")
+EXECUTORS = ("serial", "batched", "ray")
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from fedpipe.config.fl import FLConfig
 from fedpipe.data import ClientData
 from fedpipe.device import module_device
 from fedpipe.errors import DivergenceError
+from fedpipe.fl.batched import BatchedExecutor
 from fedpipe.fl.state import (
     ClientState,
     ClientUpdate,
@@ -115,6 +116,7 @@ def _ray_executor(fl: FLConfig) -> Executor:
 
 EXECUTORS: dict[str, Callable[[FLConfig], Executor]] = {
     "serial": lambda fl: SerialExecutor(),
+    "batched": lambda fl: BatchedExecutor(),
     "ray": _ray_executor,
 }
 """``fl.executor`` -> a factory given the run's :class:`FLConfig`."""

@@ -36,6 +36,7 @@ from torch import nn
 
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
+from fedpipe.fl.batched import BatchedPlan
 from fedpipe.fl.local import fix_parameters, local_train
 from fedpipe.fl.state import (
     ClientState,
@@ -129,6 +130,11 @@ class Strategy:
     config_class: type = NoConfig
     personal_modules: tuple[str, ...] = ()
     """Modules whose parameters (and buffers) stay on each client (FedPer: ``("head",)``)."""
+    batchable: bool = False
+    """Whether ``fl.executor: batched`` may train this method's clients together: it then describes
+    its client step through :meth:`batched_plan` and :meth:`batched_finish` (see
+    :mod:`fedpipe.fl.batched`). Off by default: a method declares it on the class whose
+    ``client_update`` it vouches for; others run serially, with one log line."""
     client_groups: tuple[int, ...] | None = None
     """The planted group of each client (the ``label_blocks`` partition's ``groups``), set by the
     pipeline when the partition has them: oracle groups (GIFAIR-FL) and clustering metrics
@@ -274,6 +280,23 @@ class Strategy:
         model = self.scratch_model(self.local_weights(payload.weights, client_state))
         metrics = local_train(model, data, self.task, self.local, payload.round, gen)
         weights = self.scratch_weights()
+        if self.personal:
+            weights, own = self.split_personal(weights)
+            client_state = {**client_state, "personal": own}
+        update = ClientUpdate(client_id, len(data), weights, metrics=metrics)
+        return update, client_state, metrics
+
+    def batched_plan(self, payload: Payload, client_state: ClientState, data: ClientData,
+                     client_id: int = 0) -> BatchedPlan:
+        """The batched executor's view of :meth:`client_update`: the weights the client starts
+        from (the global ones with its personal entries) and plain local training."""
+        return BatchedPlan(start=self.local_weights(payload.weights, client_state))
+
+    def batched_finish(self, plan: BatchedPlan, payload: Payload, client_state: ClientState,
+                       data: ClientData, client_id: int, weights: Weights,
+                       metrics: dict[str, float], grad_sum: Weights | None
+                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
+        """What :meth:`client_update` returns, from the batched executor's trained ``weights``."""
         if self.personal:
             weights, own = self.split_personal(weights)
             client_state = {**client_state, "personal": own}

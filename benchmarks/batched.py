@@ -1,0 +1,153 @@
+"""Batched against serial executor: the same FedAvg rounds on the same clients, once with
+``fl.executor: batched`` and once with ``serial``, in one process.
+
+Default: 100 clients of digits (Dirichlet alpha 0.5: unequal sizes, so the padding and the
+step-count prefix are exercised), a small classifier (``--model mlp``; ``lenet`` for a CNN), full
+participation, ``--steps`` local SGD steps of ``--batch-size`` each. The two arms run interleaved
+``--repeats`` times (machine noise hits both) and the medians are compared; the final weights of the
+two arms are checked to agree to the executor's documented tolerance.
+
+Prints, on its last line, ``speedup X``: serial time / batched time (how many times faster batched
+is; below 1 when it is slower), measured in process CPU time: both arms run on one thread with no
+I/O, so on an idle machine CPU time is the wall time, and on a shared one it leaves out the time the
+process waited for a core. The wall-clock ratio is printed on the line before.
+
+    python benchmarks/batched.py [--clients 100] [--rounds 3] [--steps 5] [--model mlp]
+                                 [--hidden 64] [--diffusion-clients 10]
+
+The diffusion track's arm (FedAvg on the DDPM loss, ``digits_small`` UNet, Adam, 10 clients) runs
+first and prints its own ratio; the last line is the classifier's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from fedpipe.algorithms import FedAvg
+from fedpipe.config import dataset_config, partition_config
+from fedpipe.config.fl import FLConfig, LocalTrainConfig
+from fedpipe.data import ClientData, load_dataset, make_partition
+from fedpipe.fl import run_federated
+from fedpipe.fl.batched import ATOL, RTOL
+from fedpipe.models import build_model
+from fedpipe.tasks import ClassificationTask
+
+
+def setup(model_name: str, num_clients: int, alpha: float, kwargs: dict):
+    ds = load_dataset(dataset_config({"name": "digits"}))
+    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
+                          partition_config({"scheme": "dirichlet", "num_clients": num_clients,
+                                            "alpha": alpha}), 0)
+    clients = [ClientData(ds.train.x[torch.from_numpy(i)], ds.train.y[torch.from_numpy(i)])
+               for i in part.train]
+
+    def model_fn() -> nn.Module:
+        torch.manual_seed(0)
+        return build_model(model_name, ds.meta.shape, 10, mean=ds.meta.mean, std=ds.meta.std,
+                           **kwargs)
+
+    return clients, model_fn
+
+
+def timed_run(clients, model_fn, local: LocalTrainConfig, rounds: int, executor: str,
+              task=None):
+    fl = FLConfig(rounds=rounds, participation=1.0, local=local, eval_every=10**6,
+                  executor=executor)
+    task = task if task is not None else ClassificationTask()
+    strategy = FedAvg(task, model_fn, local, num_clients=len(clients))
+    model = model_fn()
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = run_federated(strategy, model, clients, fl, seed=0, progress=False)
+    return time.perf_counter() - t0, time.process_time() - c0, res.state.weights
+
+
+def diffusion_arm(args) -> None:
+    """The diffusion track: FedAvg on the DDPM loss, ``digits_small`` UNet, Adam, 10 clients."""
+    from fedpipe.fl.batched import ADAM_UPDATE_RTOL
+    from fedpipe.models.unet import build_unet
+    from fedpipe.tasks.diffusion import DiffusionTask
+
+    clients, _ = setup("mlp", args.diffusion_clients, args.alpha, {})
+
+    def unet() -> nn.Module:
+        torch.manual_seed(0)
+        return build_unet("digits_small", (1, 8, 8))
+
+    task = DiffusionTask(num_train_timesteps=500)
+    local = LocalTrainConfig(steps=args.steps, batch_size=32, lr=1e-3, optimizer="adam")
+    for ex in ("batched", "serial"):
+        timed_run(clients, unet, local, 1, ex, task)
+    cpu: dict[str, list[float]] = {"batched": [], "serial": []}
+    out = {}
+    for _ in range(args.repeats):
+        for ex in ("serial", "batched"):
+            _, c, out[ex] = timed_run(clients, unet, local, 2, ex, task)
+            cpu[ex].append(c)
+    a, b, w0 = out["serial"], out["batched"], unet().state_dict()
+    rel = (sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+           / sum(float(((a[k] - w0[k]) ** 2).sum()) for k in a) ** 0.5)
+    assert rel < ADAM_UPDATE_RTOL, rel
+    med = {ex: statistics.median(v) for ex, v in cpu.items()}
+    print(f"diffusion track: {args.diffusion_clients} clients, digits_small UNet, Adam, "
+          f"{args.steps} steps of batch 32: serial {1000 * med['serial'] / 2:.0f} ms CPU/round, "
+          f"batched {1000 * med['batched'] / 2:.0f} ms CPU/round, diffusion speedup "
+          f"{med['serial'] / med['batched']:.2f} (update difference {rel:.1e} relative)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--alpha", type=float, default=0.5)
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--hidden", type=int, default=64,
+                    help="the MLP's width (64: a small classifier; the model's own default is 200)")
+    ap.add_argument("--diffusion-clients", type=int, default=10,
+                    help="the diffusion track's arm (digits_small UNet, Adam); 0 = skip it")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    kwargs = {"hidden": args.hidden} if args.model == "mlp" else {}
+    clients, model_fn = setup(args.model, args.clients, args.alpha, kwargs)
+    sizes = sorted(len(c) for c in clients)
+    local = LocalTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=0.05)
+    print(f"{args.clients} clients of digits (Dirichlet {args.alpha}; sizes {sizes[0]}..{sizes[-1]}), "
+          f"{args.model} {kwargs or ''}, {args.steps} local steps of batch {args.batch_size}, "
+          f"{args.rounds} rounds, {torch.get_num_threads()} thread")
+    if args.diffusion_clients:
+        diffusion_arm(args)
+    for ex in ("batched", "serial"):  # warm-up: lazy imports, first calls, allocator growth
+        timed_run(clients, model_fn, local, 1, ex)
+    wall: dict[str, list[float]] = {"batched": [], "serial": []}
+    cpu: dict[str, list[float]] = {"batched": [], "serial": []}
+    worst = 0.0
+    for _ in range(args.repeats):
+        out = {}
+        for ex in ("serial", "batched"):
+            t, c, out[ex] = timed_run(clients, model_fn, local, args.rounds, ex)
+            wall[ex].append(t)
+            cpu[ex].append(c)
+        a, b = out["serial"], out["batched"]
+        worst = max(worst, max(float((a[k] - b[k]).abs().max()) for k in a))
+        assert all(torch.allclose(b[k], a[k], atol=ATOL, rtol=RTOL) for k in a), worst
+    med_wall = {ex: statistics.median(v) for ex, v in wall.items()}
+    med_cpu = {ex: statistics.median(v) for ex, v in cpu.items()}
+    for ex in ("serial", "batched"):
+        print(f"{ex:8s} {1000 * med_cpu[ex] / args.rounds:8.1f} ms CPU/round, "
+              f"{1000 * med_wall[ex] / args.rounds:8.1f} ms wall/round (medians of {args.repeats})")
+    print(f"max |batched - serial| on the final weights: {worst:.2e} (tolerance atol {ATOL}, "
+          f"rtol {RTOL})")
+    print(f"wall-clock speedup {med_wall['serial'] / med_wall['batched']:.2f} (meaningful on an "
+          f"idle machine only)")
+    print(f"speedup {med_cpu['serial'] / med_cpu['batched']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
