@@ -1,0 +1,104 @@
+"""PerAda in the pipeline: a backbone given as a file is a DVC dependency of the federate stages that
+read it (through the plan stage's ``data/plan/inputs/<algorithm>.json``), and the report's Table 1
+section beside the paper's numbers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fedpipe.config import ConfigError
+from fedpipe.io import md5_file, save_tensors
+from fedpipe.pipeline.plan import INPUTS_DIR, write_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def plan_params(backbone: str) -> dict:
+    return {"study": {"algorithms": ["perada", "perada_nokd", "fedavg"], "seeds": [0]},
+            "algorithms": {"perada": {"backbone": backbone, "server_data": "holdout"},
+                           "perada_nokd": {}, "fedavg": {}}}
+
+
+def test_plan_hashes_a_backbone_file_into_its_algorithms_input_file(tmp_path):
+    save_tensors(tmp_path / "bb.safetensors", {"conv1.weight": torch.ones(2, 3)})
+    params = plan_params("bb.safetensors")
+    write_plan(params, tmp_path)
+    inputs = tmp_path / INPUTS_DIR
+    perada = json.loads((inputs / "perada.json").read_text())
+    assert perada == {"backbone": {"path": "bb.safetensors",
+                                   "md5": md5_file(tmp_path / "bb.safetensors")}}
+    # fedavg-pretrained or no backbone: no file read, an empty record (still written: a dep)
+    assert json.loads((inputs / "perada_nokd.json").read_text()) == {}
+    assert json.loads((inputs / "fedavg.json").read_text()) == {}
+    before = {p.name: p.read_bytes() for p in inputs.iterdir()}
+    write_plan(params, tmp_path)  # unchanged file: every input record byte-identical
+    assert {p.name: p.read_bytes() for p in inputs.iterdir()} == before
+    save_tensors(tmp_path / "bb.safetensors", {"conv1.weight": torch.zeros(2, 3)})
+    write_plan(params, tmp_path)  # changed file: only perada's record changes
+    after = {p.name: p.read_bytes() for p in inputs.iterdir()}
+    assert after["perada.json"] != before["perada.json"]
+    assert {k: v for k, v in after.items() if k != "perada.json"} == {
+        k: v for k, v in before.items() if k != "perada.json"}
+    # an algorithm that left the study leaves no stale record
+    write_plan({**params, "study": {"algorithms": ["fedavg"], "seeds": [0]}}, tmp_path)
+    assert sorted(p.name for p in inputs.iterdir()) == ["fedavg.json"]
+
+
+def test_plan_refuses_a_missing_backbone_file_before_any_compute(tmp_path):
+    with pytest.raises(ConfigError, match=r"algorithms\.perada\.backbone"):
+        write_plan(plan_params("missing.safetensors"), tmp_path)
+
+
+def test_dvc_yaml_wires_the_input_records_into_the_federate_stages():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert stages["plan"]["always_changed"] is True
+    assert str(INPUTS_DIR) in stages["plan"]["outs"]
+    assert f"{INPUTS_DIR}/${{item.algorithm}}.json" in stages["federate"]["deps"]
+
+
+@pytest.mark.slow
+def test_dvc_reruns_a_backbone_reader_only_when_the_file_changes(tmp_path):
+    """The project's plan stage (its dvc.yaml entry, code deps dropped) under DVC, with a stand-in
+    for federate that depends on ``data/plan/inputs/${item.algorithm}.json`` as federate does."""
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent))
+    real = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    plan = {k: v for k, v in real["plan"].items() if k != "deps"}
+    plan["cmd"] = f"{sys.executable} {REPO / 'stages/plan.py'}"
+    reader_dep = next(d for d in real["federate"]["deps"] if str(d).startswith(str(INPUTS_DIR)))
+    reader = {"matrix": {"algorithm": ["perada", "fedavg"]},
+              "cmd": "cp data/plan/inputs/${item.algorithm}.json read_${item.algorithm}.json",
+              "deps": [reader_dep], "outs": ["read_${item.algorithm}.json"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"plan": plan, "reader": reader}}))
+    params = plan_params("bb.safetensors")
+    params["study"]["algorithms"] = ["perada", "fedavg"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    save_tensors(tmp_path / "bb.safetensors", {"w": torch.ones(3)})
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"),
+           "DVC_NO_ANALYTICS": "1", "HOME": str(tmp_path), "FEDPIPE_TRACKING": "off",
+           "OMP_NUM_THREADS": "1"}
+
+    def run(*cmd: str) -> str:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    def repro() -> set[str]:
+        return {ln.split("'")[1] for ln in run(dvc, "repro").splitlines()
+                if ln.startswith("Running stage '")}
+
+    run("git", "init", "-q")
+    run(dvc, "init", "-q")
+    assert repro() == {"plan", "reader@perada", "reader@fedavg"}
+    assert repro() == {"plan"}  # unchanged file: nothing downstream
+    save_tensors(tmp_path / "bb.safetensors", {"w": torch.zeros(3)})
+    assert repro() == {"plan", "reader@perada"}  # changed: only the algorithm that reads it
+    assert json.loads((tmp_path / "read_perada.json").read_text())["backbone"]["md5"] == \
+        md5_file(tmp_path / "bb.safetensors")
