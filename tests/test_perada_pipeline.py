@@ -102,3 +102,38 @@ def test_dvc_reruns_a_backbone_reader_only_when_the_file_changes(tmp_path):
     assert repro() == {"plan", "reader@perada"}  # changed: only the algorithm that reads it
     assert json.loads((tmp_path / "read_perada.json").read_text())["backbone"]["md5"] == \
         md5_file(tmp_path / "bb.safetensors")
+
+
+def test_report_section_prints_table_1_and_2_beside_ours_for_the_paper_study():
+    from fedpipe.claims import perada as pc
+    from fedpipe.config.fl import StudyConfig
+
+    study = StudyConfig(name="perada_cifar10", algorithms=["perada", "fedsim", "fedavg"],
+                        corruptions=["jpeg"])
+    metrics = {"perada": {"personal_acc_mean": 0.9, "personal_acc_mean_std": 0.01,
+                          "personal_global_mean": 0.6, "personal_global_mean_std": 0.02,
+                          "personal_corrupt_mean": 0.5, "trainable_share": 0.1264,
+                          "test_accuracy": 0.7, "corrupt_accuracy": 0.55, "seeds": 3},
+               "fedsim": {"personal_acc_mean": 0.8, "seeds": 1},
+               "fedavg": {"test_accuracy": 0.65, "seeds": 1}}
+    text = "\n".join(pc.report_section(study, metrics, {"fedsim": {"part": "adapter"}}))
+    assert ("| perada | 90.00 ± 1.00 | 60.00 ± 2.00 | 50.00 | 12.64 | perada | Adapter | 2.82M "
+            "| 1.41M | 91.82 ± 4.43 | 59.05 ± 5.24 | 47.25 ± 4.48 | 48.53 ± 4.74 |") in text
+    # FedSim's row is the one of the variant that ran (part adapter), not the output-layer row
+    assert "| fedsim | 80.00 | — | — | — | fedsim:adapter | Adapter | 12.59M | 11.18M | 87.76 ± 7.57" \
+        in text
+    assert "| fedavg | — | — | — | — | — |" in text  # no Table 1 row for plain FedAvg
+    assert "| perada | 70.00 | 55.00 | 76.77 | 62.50 | 64.47 |" in text  # Table 2, global model
+    assert "| fedavg | 65.00 | — | 69.34 | 54.95 | 57.07 |" in text
+    assert pc.table1_row("fedalt") == "fedalt:output"  # the default part
+
+
+def test_report_section_smoke_has_no_paper_columns_and_none_without_perada():
+    from fedpipe.claims import perada as pc
+    from fedpipe.config.fl import StudyConfig
+
+    smoke = StudyConfig(name="perada_smoke", algorithms=["perada", "perada_nokd"])
+    text = "\n".join(pc.report_section(smoke, {"perada": {"personal_acc_mean": 0.9, "seeds": 1}}))
+    assert "No paper column" in text and "91.82" not in text
+    assert "| perada | 90.00 | — | — | — |" in text
+    assert pc.report_section(StudyConfig(algorithms=["fedavg"]), {}) == []
