@@ -112,13 +112,12 @@ def claims(study: StudyConfig) -> list[Claim]:
 
 
 def table1_row(algo: str, algorithms: Mapping[str, Any] | None = None) -> str:
-    """The Table 1 row of ``algo``: FedSim / FedAlt by their ``part`` (default ``output``)."""
+    """The Table 1 row of ``algo``: FedSim / FedAlt by their ``part`` (from the ``algorithms``
+    params, validated by then; absent: ``output``, ``PartialConfig``'s default). Reads the params as
+    they are, so that the report stage does not import (and depend on) the algorithms' code."""
     if algo not in PART_ROWS:
         return algo
-    from fedpipe.algorithms import algorithm_config
-
-    part = algorithm_config(algo, (algorithms or {}).get(algo)).part
-    return f"{algo}:{part}"
+    return f"{algo}:{((algorithms or {}).get(algo) or {}).get('part', 'output')}"
 
 
 def _ours(m: Mapping[str, float], key: str) -> str:
