@@ -1,7 +1,9 @@
 """DVC stage `plan`: which stages the study uses (fedpipe.pipeline.plan); the diffusion-side stages
 depend on data/plan/diffusion.json and skip themselves when the study does not use them.
 
-Reads params: study, algorithms. Writes data/plan/diffusion.json and data/federate_ddpm/plan.json.
+Reads params: study, algorithms, and the files the study's algorithms name by path (hashed; the stage
+is always_changed). Writes data/plan/diffusion.json, data/federate_ddpm/plan.json and
+data/plan/inputs/<algorithm>.json.
 """
 
 from fedpipe.cli import run_stage

@@ -2,7 +2,7 @@
 seeds and the paper's numbers beside ours; classification-track accuracy, mean +- std over seeds) and
 the claims table (each paper's headline claims judged over the training seeds), the FID curves.
 
-Reads params: seed, dataset, partition, study; data/federate_ddpm/<algorithm>/seed_<seed>/,
+Reads params: seed, dataset, partition, study, algorithms (for PerAda's Table 1 rows); data/federate_ddpm/<algorithm>/seed_<seed>/,
 data/evaluate/metrics.json and data/evaluate/seeds.json.
 Writes data/report/ (report.md, fid_curves.png, metrics.json, claims.json); logs the summaries, each
 claim's verdict (claims/<key>/held, mean_diff, se) and the files to MLflow.
@@ -21,9 +21,9 @@ def main() -> None:
     part = partition_stage_config(params)  # validates before reading anything
     study = build(StudyConfig, params.get("study"), "study")
     title = f"{part.dataset.name}, {part.partition.scheme}, {part.partition.num_clients} clients"
-    read = {k: params.get(k) for k in ("seed", "dataset", "partition", "study")}
+    read = {k: params.get(k) for k in ("seed", "dataset", "partition", "study", "algorithms")}
     with stage_run("report", read, part.seed) as run:
-        out = build_report(study, title)
+        out = build_report(study, title, algorithms=params.get("algorithms"))
         for algo, s in out.summary.items():
             run.log_metrics({f"{algo}.{k}": v for k, v in s.items()})
         for r in out.claims:

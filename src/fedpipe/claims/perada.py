@@ -15,11 +15,18 @@ with the paper's numbers in ``source``; whether they hold is for the study's see
 4. Partial-model pFL generalizes worse under corruption (§6.1.5, Table 1 CIFAR-10-C): FedRep 30.68
    and LG-FedAvg 26.83 below Ditto 44.32 and PerAda 48.53. Four claims (each partial-model method
    against each of the two); an arm missing from the study shows as "not evaluated".
+
+The report section (:func:`report_section`, studies that run PerAda) prints our personalized
+Local-test / Global-test / corrupted accuracy and the global model's Global-test / corrupted accuracy
+beside Table 1's and Table 2's CIFAR-10 columns (:data:`TABLE1`, :data:`TABLE2`, copied from the
+paper via spec §5) for the paper-scale study ``perada_cifar10``. FedSim / FedAlt are matched to the
+row of their ``part`` (input layer, output layer, adapter).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from fedpipe.claims import Claim
 
@@ -30,6 +37,53 @@ PAPER = "PerAda (Xie et al. 2024)"
 LOCAL_TOLERANCE = round(1 / 91.27, 4)  # one point of PerAda w/o KD's Local-test (Table 1)
 CIFAR10_C = {"fedrep": 30.68, "lg_fedavg": 26.83, "ditto": 44.32, "perada": 48.53}
 NAMES = {"fedrep": "FedRep", "lg_fedavg": "LG-FedAvg", "ditto": "Ditto", "perada": "PerAda"}
+
+# Table 1, CIFAR-10 (20 clients, Dir(0.1), ResNet-18; mean ± std across the clients' personalized
+# models): row -> (personalized params, # trained, # communicated, Local-test, Global-test,
+# CIFAR-10.1, CIFAR-10-C), each accuracy (mean, std). FedSim / FedAlt rows: "<name>:<part>".
+Cell = tuple[float, float]
+TABLE1: dict[str, tuple[str, str, str, Cell, Cell, Cell, Cell]] = {
+    "local": ("Full model", "11.18M", "0M", (85.94, 8.82), (29.77, 8.09), (25.82, 6.27), (26.67, 7.07)),
+    "fedavg_ft": ("Full model", "11.18M", "11.18M", (88.91, 5.71), (43.99, 9.57), (35.49, 8.02),
+                  (36.51, 8.36)),
+    "pfedme": ("Full model", "22.36M", "11.18M", (90.73, 4.67), (45.06, 8.65), (36.51, 7.2),
+               (37.65, 7.6)),
+    "apfl": ("Full model", "22.36M", "11.18M", (90.74, 4.75), (43.92, 9.18), (35.83, 7.5),
+             (36.51, 7.94)),
+    "ditto": ("Full model", "22.36M", "11.18M", (90.21, 4.61), (53.82, 6.35), (42.72, 5.68),
+              (44.32, 5.73)),
+    "fedbn": ("Batch norm.", "11.18M", "11.17M", (90.37, 5.19), (43.18, 8.67), (35.01, 7.24),
+              (36.29, 7.43)),
+    "fedalt:input": ("Input layer", "11.18M", "6.45M", (87.07, 6.54), (32.23, 8.23), (27.49, 6.41),
+                     (28.51, 7.11)),
+    "fedsim:input": ("Input layer", "11.18M", "6.45M", (87.93, 6.25), (33.07, 8.16), (28.21, 6.41),
+                     (29.15, 7.16)),
+    "lg_fedavg": ("Feat. extractor", "11.18M", "0.005M", (86.7, 8.01), (29.96, 8.0), (25.97, 6.21),
+                  (26.83, 6.95)),
+    "fedrep": ("Output layer", "11.18M", "11.17M", (87.76, 6.46), (35.19, 6.97), (30.15, 5.89),
+               (30.68, 6.31)),
+    "fedalt:output": ("Output layer", "11.18M", "11.17M", (89.68, 5.4), (40.68, 7.3), (33.61, 6.12),
+                      (34.3, 6.5)),
+    "fedsim:output": ("Output layer", "11.18M", "11.17M", (89.75, 5.51), (41.98, 7.66),
+                      (34.21, 6.22), (35.31, 6.79)),
+    "fedalt:adapter": ("Adapter", "12.59M", "11.18M", (87.26, 7.78), (31.51, 8.55), (27.38, 6.65),
+                       (27.77, 7.19)),
+    "fedsim:adapter": ("Adapter", "12.59M", "11.18M", (87.76, 7.57), (31.97, 7.44), (27.76, 5.78),
+                       (28.1, 6.46)),
+    "perada_nokd": ("Adapter", "2.82M", "1.41M", (91.27, 5.15), (53.81, 6.27), (42.5, 5.06),
+                    (44.45, 5.48)),
+    "perada": ("Adapter", "2.82M", "1.41M", (91.82, 4.43), (59.05, 5.24), (47.25, 4.48),
+               (48.53, 4.74)),
+}
+# Table 2, CIFAR-10: the global model -> (Global-test, CIFAR-10.1, CIFAR-10-C)
+TABLE2: dict[str, tuple[float, float, float]] = {
+    "fedavg": (69.34, 54.95, 57.07), "fedprox": (69.64, 54.75, 56.84),
+    "feddyn": (70.36, 56.3, 55.91), "feddf": (74.83, 60.95, 61.23),
+    "pfedme": (68.25, 52.55, 56.33), "apfl": (69.79, 53.6, 57.06), "ditto": (69.95, 55.25, 57.33),
+    "perada_nokd": (74.22, 57.6, 61.40), "perada": (76.77, 62.5, 64.47),
+}
+PART_ROWS = ("fedsim", "fedalt")
+PAPER_STUDIES = {"perada_cifar10": "CIFAR-10"}
 
 
 def claims(study: StudyConfig) -> list[Claim]:
@@ -55,3 +109,78 @@ def claims(study: StudyConfig) -> list[Claim]:
                 "personal_corrupt_mean", partial, full, "lower",
                 f"Table 1, CIFAR-10-C: {CIFAR10_C[partial]} vs {CIFAR10_C[full]}"))
     return out
+
+
+def table1_row(algo: str, algorithms: Mapping[str, Any] | None = None) -> str:
+    """The Table 1 row of ``algo``: FedSim / FedAlt by their ``part`` (from the ``algorithms``
+    params, validated by then; absent: ``output``, ``PartialConfig``'s default). Reads the params as
+    they are, so that the report stage does not import (and depend on) the algorithms' code."""
+    if algo not in PART_ROWS:
+        return algo
+    return f"{algo}:{((algorithms or {}).get(algo) or {}).get('part', 'output')}"
+
+
+def _ours(m: Mapping[str, float], key: str) -> str:
+    if m.get(key) is None:
+        return "—"
+    std, n = m.get(f"{key}_std"), int(m.get("seeds", 1))
+    return f"{100 * m[key]:.2f}" + (f" ± {100 * std:.2f}" if std is not None and n > 1 else "")
+
+
+def _cell(c: Cell | float | None) -> str:
+    if c is None:
+        return "—"
+    return f"{c:.2f}" if isinstance(c, float) else f"{c[0]:.2f} ± {c[1]:.2f}"
+
+
+def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]],
+                   algorithms: Mapping[str, Any] | None = None) -> list[str]:
+    """Markdown: per algorithm, the personalized models' Local-test, Global-test and corrupted
+    accuracy and the trainable share (Table 1's columns), then the global model's Global-test and
+    corrupted accuracy (Table 2's), ours as mean ± std over seeds; beside them the paper's CIFAR-10
+    numbers for ``perada_cifar10`` (mean ± std across clients there). Empty without PerAda.
+    ``algorithms``: the ``algorithms`` params (FedSim / FedAlt's ``part`` picks their row)."""
+    if not {"perada", "perada_nokd"} & set(study.algorithms):
+        return []
+    ds = PAPER_STUDIES.get(study.name)
+    note = (f"Paper: {ds} columns of Table 1 (personalized models, mean ± std across clients; "
+            "CIFAR-10.1 has no offline counterpart here, and the paper's CIFAR-10-C averages all 19 "
+            "corruptions, ours the study's) and Table 2 (the global model)."
+            if ds else "No paper column: the paper does not run this study's dataset "
+                       "(its numbers are printed for `perada_cifar10`).")
+    lines = ["## PerAda protocol: personalized and global models, clean and corrupted (%)", "",
+             "Ours: mean ± std over seeds. Personalized: each client's own model on its local test "
+             "split (Local-test), on the global test set (Global-test) and on the corrupted test sets "
+             f"(mean over severities, then over {', '.join(study.corruptions) or 'no corruptions'})."
+             " " + note, ""]
+    head = "| algorithm | Local-test | Global-test | corrupted | trainable share |"
+    rule = "|---|---|---|---|---|"
+    if ds:
+        head += (" paper row | personalized params | # trained | # comm. | Local-test | Global-test "
+                 "| CIFAR-10.1 | CIFAR-10-C |")
+        rule += "---|" * 8
+    lines += [head, rule]
+    for algo, m in metrics.items():
+        share = "—" if m.get("trainable_share") is None else f"{100 * m['trainable_share']:.2f}"
+        row = (f"| {algo} | {_ours(m, 'personal_acc_mean')} | {_ours(m, 'personal_global_mean')} | "
+               f"{_ours(m, 'personal_corrupt_mean')} | {share} |")
+        if ds:
+            key = table1_row(algo, algorithms)
+            paper = TABLE1.get(key)
+            row += (f" {key if paper else '—'} | " + " | ".join(
+                _cell(v) if not isinstance(v, str) else v for v in paper) + " |"
+                if paper else " — |" + " — |" * 7)
+        lines.append(row)
+    lines += ["", "Global model (the server's model: PerAda's global adapter on the frozen backbone):",
+              ""]
+    head, rule = "| algorithm | Global-test | corrupted |", "|---|---|---|"
+    if ds:
+        head += " paper Global-test | CIFAR-10.1 | CIFAR-10-C |"
+        rule += "---|" * 3
+    lines += [head, rule]
+    for algo, m in metrics.items():
+        row = f"| {algo} | {_ours(m, 'test_accuracy')} | {_ours(m, 'corrupt_accuracy')} |"
+        if ds:
+            row += " " + " | ".join(_cell(v) for v in TABLE2.get(algo, (None,) * 3)) + " |"
+        lines.append(row)
+    return lines + [""]

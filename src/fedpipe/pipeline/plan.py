@@ -12,6 +12,14 @@ the study, so changing the study's seeds or methods re-runs them only when the d
   which come from real datasets).
 - ``data/federate_ddpm/plan.json``: the diffusion track's algorithms and seeds. It keeps the folder
   that the ``report`` stage depends on in existence when the track has no runs (an empty DVC matrix).
+- ``data/plan/inputs/<algorithm>.json``, one per classification algorithm of the study: the files
+  its config names by path, with their MD5 (PerAda's ``backbone: <file>.safetensors``:
+  ``{"backbone": {"path": ..., "md5": ...}}``; ``{}`` for an algorithm that names none). A dvc.yaml
+  dependency cannot depend on a param, so ``federate@<algorithm>-<seed>`` depends on this file
+  instead, and the ``plan`` stage is ``always_changed`` (it runs on every ``dvc repro``, a second or
+  two) so that it re-hashes the named files: a changed file changes this json and re-runs that
+  algorithm's federate stages (only those); an unchanged one leaves it byte-identical and DVC re-runs
+  nothing downstream. A named file that does not exist is a ConfigError here, before any compute.
 
 A skipped stage still runs (a second or two) and writes placeholders: :mod:`fedpipe.pipeline.skip`.
 """
@@ -21,13 +29,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedpipe.config.core import build
+from fedpipe.config.core import ConfigError, build
 from fedpipe.config.fl import StudyConfig
-from fedpipe.io import write_json
+from fedpipe.io import md5_file, write_json
 from fedpipe.pipeline.skip import DIFFUSION_PLAN
 
 DDPM_TRACK_PLAN = Path("data/federate_ddpm/plan.json")
 DIFFUSION_STAGES = ("feature_extractor", "warmup", "generate", "aux_quality")
+INPUTS_DIR = Path("data/plan/inputs")
+FILE_FIELDS = ("backbone",)
+"""Config fields that may name an input file (``<path>.safetensors``); read as federate does
+(``fedpipe.pipeline.federate.backbone_of``)."""
 
 
 def uses_diffusion(params: dict[str, Any]) -> bool:
@@ -38,12 +50,42 @@ def uses_diffusion(params: dict[str, Any]) -> bool:
     return bool(study.diffusion_algorithms) or bool(set(needed_kinds(params)) & set(GENERATED_KINDS))
 
 
+def input_files(params: dict[str, Any], root: str | Path = ".") -> dict[str, dict[str, Any]]:
+    """{algorithm: {field: {"path", "md5"}}} of the files that each classification algorithm of the
+    study names in its config (paths relative to ``root``, the repo root for a stage)."""
+    from fedpipe.algorithms import algorithm_config
+
+    study = build(StudyConfig, params.get("study"), "study")
+    sections = params.get("algorithms") or {}
+    out: dict[str, dict[str, Any]] = {}
+    for name in study.algorithms:
+        cfg = algorithm_config(name, sections.get(name), "study.algorithms")
+        out[name] = {}
+        for key in FILE_FIELDS:
+            path = getattr(cfg, key, None)
+            if not (isinstance(path, str) and path.endswith(".safetensors")):
+                continue
+            if not (Path(root) / path).is_file():
+                raise ConfigError(f"algorithms.{name}.{key}", path,
+                                  "an existing .safetensors file (never downloaded)")
+            out[name][key] = {"path": path, "md5": md5_file(Path(root) / path)}
+    return out
+
+
 def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
     """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
     root = Path(root)
     study = build(StudyConfig, params.get("study"), "study")
     run = uses_diffusion(params)
+    inputs = input_files(params, root)
     write_json(root / DIFFUSION_PLAN, {"run": run})
     write_json(root / DDPM_TRACK_PLAN, {"algorithms": list(study.diffusion_algorithms),
                                         "seeds": list(study.seeds)})
-    return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms)}
+    folder = root / INPUTS_DIR  # a folder output, also when empty: exactly this study's algorithms
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.json"):
+        stale.unlink()
+    for name, files in inputs.items():
+        write_json(folder / f"{name}.json", files)
+    return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
+            "inputs": inputs}

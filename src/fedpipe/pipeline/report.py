@@ -41,6 +41,7 @@ from fedpipe.claims import RULE, ClaimResult, absent_papers, all_claims, claims_
 from fedpipe.claims import equitable as equitable_claims
 from fedpipe.claims import fednh as fednh_claims
 from fedpipe.claims import fedptr as fedptr_claims
+from fedpipe.claims import perada as perada_claims
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import read_json, save_figure, write_csv, write_json, write_text
 from fedpipe.pipeline.skip import write_placeholder
@@ -325,7 +326,10 @@ def fid_history_rows(runs: dict[str, dict[int, tuple[dict, list]]]) -> list[list
 
 def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERATE_DDPM_DIR,
                  evaluate_dir: str | Path = EVALUATE_DIR,
-                 out_dir: str | Path = REPORT_DIR) -> ReportOutputs:
+                 out_dir: str | Path = REPORT_DIR,
+                 algorithms: dict[str, Any] | None = None) -> ReportOutputs:
+    """The report of ``study``; ``algorithms`` (the params section) tells PerAda's Table 1 section
+    which FedSim / FedAlt variant ran."""
     out = Path(out_dir)
     lines = [f"# Study {study.name}: {title}", ""]
     summary_: dict[str, dict[str, float]] = {}
@@ -352,6 +356,7 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     lines += fednh_claims.report_section(study, cls)  # Table 1/2 beside ours (FedNH studies)
     lines += fedptr_claims.report_section(study, cls)  # Tables 1/2/7 beside ours (FedPTR)
     lines += equitable_claims.report_section(study, cls)  # Tables 2-3 beside ours
+    lines += perada_claims.report_section(study, cls, algorithms)  # Table 1/2 (PerAda studies)
     results = judge_all(all_claims(study), tracks)
     lines += claims_table(results) + [""]
     text = "\n".join(lines)

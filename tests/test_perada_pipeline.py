@@ -1,0 +1,143 @@
+"""PerAda in the pipeline: a backbone given as a file is a DVC dependency of the federate stages that
+read it (through the plan stage's ``data/plan/inputs/<algorithm>.json``), and the report's Table 1
+section beside the paper's numbers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fedpipe.config import ConfigError
+from fedpipe.io import md5_file, save_tensors
+from fedpipe.pipeline.plan import INPUTS_DIR, write_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def plan_params(backbone: str) -> dict:
+    return {"study": {"algorithms": ["perada", "perada_nokd", "fedavg"], "seeds": [0]},
+            "algorithms": {"perada": {"backbone": backbone, "server_data": "holdout"},
+                           "perada_nokd": {}, "fedavg": {}}}
+
+
+def test_plan_hashes_a_backbone_file_into_its_algorithms_input_file(tmp_path):
+    save_tensors(tmp_path / "bb.safetensors", {"conv1.weight": torch.ones(2, 3)})
+    params = plan_params("bb.safetensors")
+    write_plan(params, tmp_path)
+    inputs = tmp_path / INPUTS_DIR
+    perada = json.loads((inputs / "perada.json").read_text())
+    assert perada == {"backbone": {"path": "bb.safetensors",
+                                   "md5": md5_file(tmp_path / "bb.safetensors")}}
+    # fedavg-pretrained or no backbone: no file read, an empty record (still written: a dep)
+    assert json.loads((inputs / "perada_nokd.json").read_text()) == {}
+    assert json.loads((inputs / "fedavg.json").read_text()) == {}
+    before = {p.name: p.read_bytes() for p in inputs.iterdir()}
+    write_plan(params, tmp_path)  # unchanged file: every input record byte-identical
+    assert {p.name: p.read_bytes() for p in inputs.iterdir()} == before
+    save_tensors(tmp_path / "bb.safetensors", {"conv1.weight": torch.zeros(2, 3)})
+    write_plan(params, tmp_path)  # changed file: only perada's record changes
+    after = {p.name: p.read_bytes() for p in inputs.iterdir()}
+    assert after["perada.json"] != before["perada.json"]
+    assert {k: v for k, v in after.items() if k != "perada.json"} == {
+        k: v for k, v in before.items() if k != "perada.json"}
+    # an algorithm that left the study leaves no stale record
+    write_plan({**params, "study": {"algorithms": ["fedavg"], "seeds": [0]}}, tmp_path)
+    assert sorted(p.name for p in inputs.iterdir()) == ["fedavg.json"]
+
+
+def test_plan_refuses_a_missing_backbone_file_before_any_compute(tmp_path):
+    with pytest.raises(ConfigError, match=r"algorithms\.perada\.backbone"):
+        write_plan(plan_params("missing.safetensors"), tmp_path)
+
+
+def test_dvc_yaml_wires_the_input_records_into_the_federate_stages():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert stages["plan"]["always_changed"] is True
+    assert str(INPUTS_DIR) in stages["plan"]["outs"]
+    assert f"{INPUTS_DIR}/${{item.algorithm}}.json" in stages["federate"]["deps"]
+
+
+@pytest.mark.slow
+def test_dvc_reruns_a_backbone_reader_only_when_the_file_changes(tmp_path):
+    """The project's plan stage (its dvc.yaml entry, code deps dropped) under DVC, with a stand-in
+    for federate that depends on ``data/plan/inputs/${item.algorithm}.json`` as federate does."""
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent))
+    real = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    plan = {k: v for k, v in real["plan"].items() if k != "deps"}
+    plan["cmd"] = f"{sys.executable} {REPO / 'stages/plan.py'}"
+    reader_dep = next(d for d in real["federate"]["deps"] if str(d).startswith(str(INPUTS_DIR)))
+    reader = {"matrix": {"algorithm": ["perada", "fedavg"]},
+              "cmd": "cp data/plan/inputs/${item.algorithm}.json read_${item.algorithm}.json",
+              "deps": [reader_dep], "outs": ["read_${item.algorithm}.json"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"plan": plan, "reader": reader}}))
+    params = plan_params("bb.safetensors")
+    params["study"]["algorithms"] = ["perada", "fedavg"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    save_tensors(tmp_path / "bb.safetensors", {"w": torch.ones(3)})
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"),
+           "DVC_NO_ANALYTICS": "1", "HOME": str(tmp_path), "FEDPIPE_TRACKING": "off",
+           "OMP_NUM_THREADS": "1"}
+
+    def run(*cmd: str) -> str:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    def repro() -> set[str]:
+        return {ln.split("'")[1] for ln in run(dvc, "repro").splitlines()
+                if ln.startswith("Running stage '")}
+
+    run("git", "init", "-q")
+    run(dvc, "init", "-q")
+    assert repro() == {"plan", "reader@perada", "reader@fedavg"}
+    assert repro() == {"plan"}  # unchanged file: nothing downstream
+    save_tensors(tmp_path / "bb.safetensors", {"w": torch.zeros(3)})
+    assert repro() == {"plan", "reader@perada"}  # changed: only the algorithm that reads it
+    assert json.loads((tmp_path / "read_perada.json").read_text())["backbone"]["md5"] == \
+        md5_file(tmp_path / "bb.safetensors")
+
+
+def test_report_section_prints_table_1_and_2_beside_ours_for_the_paper_study():
+    from fedpipe.claims import perada as pc
+    from fedpipe.config.fl import StudyConfig
+
+    study = StudyConfig(name="perada_cifar10", algorithms=["perada", "fedsim", "fedavg"],
+                        corruptions=["jpeg"])
+    metrics = {"perada": {"personal_acc_mean": 0.9, "personal_acc_mean_std": 0.01,
+                          "personal_global_mean": 0.6, "personal_global_mean_std": 0.02,
+                          "personal_corrupt_mean": 0.5, "trainable_share": 0.1264,
+                          "test_accuracy": 0.7, "corrupt_accuracy": 0.55, "seeds": 3},
+               "fedsim": {"personal_acc_mean": 0.8, "seeds": 1},
+               "fedavg": {"test_accuracy": 0.65, "seeds": 1}}
+    text = "\n".join(pc.report_section(study, metrics, {"fedsim": {"part": "adapter"}}))
+    assert ("| perada | 90.00 ± 1.00 | 60.00 ± 2.00 | 50.00 | 12.64 | perada | Adapter | 2.82M "
+            "| 1.41M | 91.82 ± 4.43 | 59.05 ± 5.24 | 47.25 ± 4.48 | 48.53 ± 4.74 |") in text
+    # FedSim's row is the one of the variant that ran (part adapter), not the output-layer row
+    assert "| fedsim | 80.00 | — | — | — | fedsim:adapter | Adapter | 12.59M | 11.18M | 87.76 ± 7.57" \
+        in text
+    assert "| fedavg | — | — | — | — | — |" in text  # no Table 1 row for plain FedAvg
+    assert "| perada | 70.00 | 55.00 | 76.77 | 62.50 | 64.47 |" in text  # Table 2, global model
+    assert "| fedavg | 65.00 | — | 69.34 | 54.95 | 57.07 |" in text
+    from fedpipe.algorithms import algorithm_config
+
+    # absent from the params: FedAlt's default part, whose row is the output layer's
+    assert pc.table1_row("fedalt") == f"fedalt:{algorithm_config('fedalt', {}).part}" == \
+        "fedalt:output"
+
+
+def test_report_section_smoke_has_no_paper_columns_and_none_without_perada():
+    from fedpipe.claims import perada as pc
+    from fedpipe.config.fl import StudyConfig
+
+    smoke = StudyConfig(name="perada_smoke", algorithms=["perada", "perada_nokd"])
+    text = "\n".join(pc.report_section(smoke, {"perada": {"personal_acc_mean": 0.9, "seeds": 1}}))
+    assert "No paper column" in text and "91.82" not in text
+    assert "| perada | 90.00 | — | — | — |" in text
+    assert pc.report_section(StudyConfig(algorithms=["fedavg"]), {}) == []
