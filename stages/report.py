@@ -2,7 +2,8 @@
 seeds and the paper's numbers beside ours; classification-track accuracy, mean +- std over seeds) and
 the claims table (each paper's headline claims judged over the training seeds), the FID curves.
 
-Reads params: seed, dataset, partition, study, algorithms (for PerAda's Table 1 rows); data/federate_ddpm/<algorithm>/seed_<seed>/,
+Reads params: seed, dataset, partition, study, algorithms (for PerAda's Table 1 rows);
+data/federate_ddpm/<algorithm>/seed_<seed>/,
 data/evaluate/metrics.json and data/evaluate/seeds.json.
 Writes data/report/ (report.md, fid_curves.png, metrics.json, claims.json); logs the summaries, each
 claim's verdict (claims/<key>/held, mean_diff, se) and the files to MLflow.

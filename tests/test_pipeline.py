@@ -1,5 +1,6 @@
 """End to end: `dvc repro` in a temporary copy of the repo, a second repro re-runs nothing but the
-always-changed plan stage, and `dvc exp run -S partition=dirichlet -S partition.alpha=0.05` composes new params with Hydra and gives a
+always-changed plan stage, and `dvc exp run -S partition=dirichlet -S partition.alpha=0.05` composes
+new params with Hydra and gives a
 new partition; changing one algorithm's params re-runs only its federate stage and evaluate.
 MLflow lineage of the partition run is checked in the same copy."""
 
