@@ -83,46 +83,58 @@ def relocate(db: Path, root: Path | None = None) -> list[Moved]:
     """Point every experiment's stored artifact locations in ``db`` at ``root`` (default: the
     database's folder), in one transaction; record ``root`` in each experiment's :data:`ROOT_TAG`.
 
-    Call it under the database's file lock. Returns the experiments that were rewritten."""
+    Call it under the database's file lock. Returns the experiments that were rewritten. Reads only,
+    unless something is to change (it runs before every stage's logging)."""
     root_s = (root or db.resolve().parent).as_posix().rstrip("/") or "/"
     con = sqlite3.connect(db, timeout=60, isolation_level=None)
-    moved: list[Moved] = []
     try:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not {"experiments", "runs", "experiment_tags"} <= tables:
-            return moved  # a database MLflow has not set up yet
+            return []  # a database MLflow has not set up yet
+        if not _plan(con, root_s):
+            return []
         con.execute("BEGIN IMMEDIATE")
-        tags = dict(con.execute("SELECT experiment_id, value FROM experiment_tags WHERE key = ?",
-                                (ROOT_TAG,)).fetchall())
-        for exp_id, location in con.execute(
-                "SELECT experiment_id, artifact_location FROM experiments").fetchall():
-            local = _local(location or "")
-            if local is None:
-                continue  # a remote store (s3:, mlflow-artifacts:, ...): nothing to follow
-            scheme, path = local
-            old = tags.get(exp_id)
-            if old is None:
-                old = _legacy_root(path)
-                if old is None:
-                    continue
-                new_path = root_s + path[len(old):]
-                if old != root_s and Path(path).exists() and not Path(new_path).exists():
-                    continue  # artifacts still found where they are: leave them be
-            old = old.rstrip("/") or "/"
-            n_runs = 0
-            if old != root_s:
-                n_runs = _rewrite(con, exp_id, scheme, old, root_s, "logged_models" in tables)
-                moved.append(Moved(int(exp_id), old, root_s, n_runs))
-            con.execute("INSERT OR REPLACE INTO experiment_tags (key, value, experiment_id) "
-                        "VALUES (?, ?, ?)", (ROOT_TAG, root_s, exp_id))
-        con.execute("COMMIT")
-    except BaseException:
-        if con.in_transaction:
+        try:
+            moved = []
+            for exp_id, scheme, old in _plan(con, root_s):  # again, inside the write transaction
+                if old != root_s:
+                    n_runs = _rewrite(con, exp_id, scheme, old, root_s, "logged_models" in tables)
+                    moved.append(Moved(int(exp_id), old, root_s, n_runs))
+                con.execute("INSERT OR REPLACE INTO experiment_tags (key, value, experiment_id) "
+                            "VALUES (?, ?, ?)", (ROOT_TAG, root_s, exp_id))
+            con.execute("COMMIT")
+        except BaseException:
             con.execute("ROLLBACK")
-        raise
+            raise
+        return moved
     finally:
         con.close()
-    return moved
+
+
+def _plan(con: sqlite3.Connection, root_s: str) -> list[tuple[int, str, str]]:
+    """(experiment id, scheme, recorded root) of each experiment whose locations or tag are to be
+    updated for ``root_s``."""
+    tags = dict(con.execute("SELECT experiment_id, value FROM experiment_tags WHERE key = ?",
+                            (ROOT_TAG,)).fetchall())
+    todo = []
+    for exp_id, location in con.execute(
+            "SELECT experiment_id, artifact_location FROM experiments").fetchall():
+        local = _local(location or "")
+        if local is None:
+            continue  # a remote store (s3:, mlflow-artifacts:, ...): nothing to follow
+        scheme, path = local
+        old = tags.get(exp_id)
+        if old is None:
+            old = _legacy_root(path)
+            if old is None:
+                continue
+            new_path = root_s + path[len(old):]
+            if old != root_s and Path(path).exists() and not Path(new_path).exists():
+                continue  # artifacts still found where they are: leave them be
+        elif old == root_s:
+            continue
+        todo.append((exp_id, scheme, old.rstrip("/") or "/"))
+    return todo
 
 
 def _rewrite(con: sqlite3.Connection, exp_id: int, scheme: str, old: str, new: str,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fedpipe.tracking import _db_lock, repo_root, sqlite_db, tracking_uri
+from fedpipe.tracking import _db_lock, sqlite_db, tracking_uri
 from fedpipe.tracking.locations import relocate, sqlite_path
 
 
@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     uri = tracking_uri()
     if sqlite_path(uri) is None:
         sys.exit(f"error: MLFLOW_TRACKING_URI={uri} is a server: open it in a browser instead")
-    db = sqlite_path(uri)
-    uri = f"sqlite:///{(db if db.is_absolute() else repo_root() / db).resolve()}"
+    uri = f"sqlite:///{sqlite_path(uri).resolve()}"
     for line in prepare(uri):
         print(line, flush=True)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *argv]
