@@ -286,3 +286,16 @@ def test_relocate_adopts_an_untagged_database_without_losing_artifacts(tmp_path,
     stored = [r[0] for r in con.execute("SELECT artifact_uri FROM runs")]
     con.close()
     assert stored == [f"{new}/mlruns/7/{run.info.run_id}/artifacts"]
+
+
+def test_the_documented_ui_commands_are_the_tested_one():
+    """README and `make ui` start the UI through `python -m fedpipe.tracking.ui`, the command the
+    moved-repository test drives; plain `mlflow ui` is mentioned only with its caveat."""
+    root = Path(__file__).resolve().parents[1]
+    readme = root / "README.md"
+    text = " ".join(readme.read_text().split())
+    assert "`make ui` (or `python -m fedpipe.tracking.ui [--port 5001]`" in text
+    assert "`mlflow ui --backend-store-uri sqlite:///mlflow.db` works too, but does not rewrite them" \
+        in text
+    make = (root / "Makefile").read_text()
+    assert "\nui: $(STAMP)\n\t$(BIN)/python -m fedpipe.tracking.ui $(UI_ARGS)\n" in make
