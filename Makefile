@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench params clean-venv smoke
+.PHONY: run test test-fast lint bench params clean-venv smoke ui
 
 # Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run`, then its claims.
 SMOKE_STUDIES := $(patsubst conf/study/%.yaml,%,$(wildcard conf/study/*_smoke.yaml))
@@ -33,6 +33,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+
+# The MLflow UI on the project's runs (artifact locations first moved to where the repository now is).
+# Options for `mlflow ui`: make ui UI_ARGS="--port 5001"
+ui: $(STAMP)
+	$(BIN)/python -m fedpipe.tracking.ui $(UI_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src stages tests benchmarks

@@ -73,6 +73,9 @@ def test_two_queued_experiments_in_parallel_keep_everything(project):
     assert {"lr0.05", "lr0.1"} <= names
     runs = client.search_runs([exp.experiment_id], "tags.`dvc.stage` = 'federate@fedavg-0'")
     assert {r.info.run_name for r in runs} == {"federate@fedavg-0 · lr0.05", "federate@fedavg-0 · lr0.1"}
+    for r in runs:  # their artifacts too: in the project's mlruns/, not in the deleted copies
+        assert r.info.artifact_uri.startswith(f"{dst.resolve()}/mlruns/"), r.info.artifact_uri
+        assert [a.path for a in client.list_artifacts(r.info.run_id, "plots")] == ["plots/curves.png"]
 
     # back to the other params: DVC's run-cache restores the training stage instead of re-running it
     commit_all(dst, env, "lr 0.1 applied")

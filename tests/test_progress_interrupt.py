@@ -161,3 +161,34 @@ def test_ctrl_c_to_the_process_group_stops_worker_processes_quietly(tmp_path):
     assert proc.returncode == 130 and "Traceback" not in err, err
     (line,) = err.strip().splitlines()
     assert line.startswith("interrupted: no partial result kept")
+
+
+def test_a_failed_workspace_experiment_says_how_to_get_back(tmp_path, monkeypatch, capsys):
+    """`dvc exp run -S dataset=mnist` without the files: DVC has written the experiment's
+    params.yaml and deleted the partition outputs; the error says how to return to the last commit,
+    only where that applies (not under `dvc repro`, not in a queued experiment's temporary copy)."""
+    import pytest
+
+    from fedpipe.config import ConfigError
+
+    def main():
+        raise ConfigError("dataset.name", "nope", "digits, mnist")
+
+    def stderr_lines() -> list[str]:
+        with pytest.raises(SystemExit) as exit_:
+            cli.run_stage(main)
+        assert exit_.value.code == cli.EXIT_CONFIG
+        return capsys.readouterr().err.strip().splitlines()
+
+    monkeypatch.delenv("FEDPIPE_THREADS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    assert len(stderr_lines()) == 1  # dvc repro: the params are the user's own
+    monkeypatch.setenv("DVC_EXP_NAME", "lr0.1")
+    error, hint = stderr_lines()
+    assert error.startswith("error: invalid config: dataset.name=")
+    assert hint.startswith("hint:") and "`git checkout params.yaml dvc.lock && dvc checkout`" in hint
+    queued = tmp_path / ".dvc" / "tmp" / "exps" / "tmpx1"
+    queued.mkdir(parents=True)
+    monkeypatch.chdir(queued)
+    assert len(stderr_lines()) == 1

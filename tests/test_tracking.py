@@ -82,27 +82,39 @@ def api(port: int, path: str, body: dict | None = None) -> dict:
     url = f"http://127.0.0.1:{port}/api/2.0/mlflow/{path}"
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
 
-def test_the_ui_rest_api_finds_runs_by_name_with_history_and_artifacts(tracked):
-    tmp_path, uri = tracked
-    log_two_stages(tmp_path)
+def get(port: int, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=60) as resp:
+        return resp.read()
+
+
+def test_the_ui_of_a_moved_repository_finds_runs_by_name_with_history_and_artifacts(
+        repo, tmp_path, monkeypatch):
+    """Runs logged in one place; the repository copied elsewhere and the original deleted; the
+    documented UI command (`python -m fedpipe.tracking.ui`, `make ui`) started in the copy serves
+    the runs, their history and their artifacts through its REST API."""
+    log_two_stages(repo)
+    new = tmp_path / "moved"
+    move(repo, new, monkeypatch)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ})
+    server = subprocess.Popen([sys.executable, "-m", "fedpipe.tracking.ui", "--host", "127.0.0.1",
+                               "--port", str(port), "--workers", "1"],
+                              cwd=new, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
     try:
-        for _ in range(120):
+        deadline = time.monotonic() + 300  # a few seconds on an idle machine; minutes on a loaded one
+        while True:
             try:
                 exp = api(port, "experiments/get-by-name?experiment_name=fedpipe")["experiment"]
                 break
             except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("mlflow ui did not start")
                 time.sleep(0.5)
-        else:
-            pytest.fail("mlflow server did not start")
+        assert exp["artifact_location"] == (new / "mlruns" / "fedpipe").as_posix()
         found = api(port, "runs/search", {"experiment_ids": [exp["experiment_id"]],
                                           "filter": "attributes.run_name = "
                                                     "'federate@fedprox-1 · workspace'"})["runs"]
@@ -114,9 +126,13 @@ def test_the_ui_rest_api_finds_runs_by_name_with_history_and_artifacts(tracked):
         assert [(m["step"], m["value"]) for m in hist] == [(1, 1.0), (2, 0.5)]
         arts = api(port, f"artifacts/list?run_id={run_id}&path=plots")["files"]
         assert [a["path"] for a in arts] == ["plots/curve.png"]
+        assert get(port, f"get-artifact?path=plots/curve.png&run_uuid={run_id}") == b"png"
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        out, _ = server.communicate(timeout=30)
+    # the fedprox and evaluate runs and their parent run
+    assert f": artifact locations moved from {repo} to {new} (3 runs)" in out, out
+    assert not repo.exists()
 
 
 def test_fedpipe_threads_sets_torchs_thread_count(monkeypatch):
@@ -150,3 +166,136 @@ def test_a_queued_experiments_runs_go_to_the_projects_database(tmp_path, monkeyp
     assert tracking_uri() == f"sqlite:///{(tmp_path / 'proj').resolve() / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://team:5000")
     assert tracking_uri() == "http://team:5000"
+
+
+# --- artifact locations follow the repository ------------------------------------------------------
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A repository logging to its own mlflow.db (no MLFLOW_TRACKING_URI), as `dvc repro` does."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text("seed: 0\n")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("FEDPIPE_TRACKING", "on")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_EXP_NAME", "")
+    return root
+
+
+def move(src: Path, dst: Path, monkeypatch) -> None:
+    import shutil
+
+    shutil.copytree(src, dst)
+    shutil.rmtree(src)
+    monkeypatch.chdir(dst)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # mlflow.set_tracking_uri sets it
+
+
+def fedprox_run(client, exp_id: str):
+    (run,) = client.search_runs([exp_id], "attributes.run_name = 'federate@fedprox-1 · workspace'")
+    return run
+
+
+def test_artifacts_of_a_queued_experiment_land_in_the_project_not_its_temporary_copy(repo,
+                                                                                      monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    work = repo / ".dvc" / "tmp" / "exps" / "tmpab12"
+    work.mkdir(parents=True)
+    (work / "params.yaml").write_text("seed: 0\n")
+    monkeypatch.chdir(work)
+    log_two_stages(work)  # the first run ever: it creates the experiment from the temporary copy
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("fedpipe")
+    assert exp.artifact_location == (repo / "mlruns" / "fedpipe").as_posix()
+    assert exp.tags["fedpipe.repo_root"] == repo.as_posix()
+    run = fedprox_run(client, exp.experiment_id)
+    assert run.info.artifact_uri.startswith(f"{repo}/mlruns/fedpipe/")
+    assert (repo / "mlruns" / "fedpipe" / run.info.run_id / "artifacts/plots/curve.png").is_file()
+    assert not (work / "mlruns").exists()
+
+
+def test_a_moved_repository_logs_into_its_new_place_and_finds_its_old_artifacts(repo, tmp_path,
+                                                                                monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    log_two_stages(repo)
+    new = tmp_path / "elsewhere" / "repo2"
+    move(repo, new, monkeypatch)
+    with stage_run("federate@fedavg-0", {"seed": 0}, 0) as run:  # a stage of the moved copy
+        (new / "late.png").write_bytes(b"late")
+        run.log_artifact(new / "late.png", "plots")
+    assert not repo.exists()  # nothing recreated at the old place
+    client = MlflowClient(tracking_uri=f"sqlite:///{new / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("fedpipe")
+    assert exp.artifact_location == (new / "mlruns" / "fedpipe").as_posix()
+    assert exp.tags["fedpipe.repo_root"] == new.as_posix()
+    for r in client.search_runs([exp.experiment_id]):
+        assert r.info.artifact_uri.startswith(f"{new}/mlruns/fedpipe/"), r.info.artifact_uri
+    old_run = fedprox_run(client, exp.experiment_id)
+    assert [a.path for a in client.list_artifacts(old_run.info.run_id, "plots")] == ["plots/curve.png"]
+    got = client.download_artifacts(old_run.info.run_id, "plots/curve.png", str(tmp_path))
+    assert Path(got).read_bytes() == b"png"
+
+
+def test_relocate_adopts_an_untagged_database_without_losing_artifacts(tmp_path, monkeypatch):
+    """A database from before the tag: its locations `<old>/mlruns/<id>` are adopted when the
+    artifacts are not at the old place any more, and left alone while they still are."""
+    import shutil
+    import sqlite3
+
+    import mlflow
+
+    from fedpipe.tracking.locations import ROOT_TAG, relocate
+
+    old = tmp_path / "old"
+    old.mkdir()
+    monkeypatch.chdir(old)  # MLflow's own "Default" experiment goes to old/mlruns/0 (never written)
+    db = old / "mlflow.db"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp_id = client.create_experiment("legacy", artifact_location=str(old / "mlruns" / "7"))
+    run = client.create_run(exp_id)
+    (tmp_path / "a.txt").write_text("a")
+    client.log_artifact(run.info.run_id, str(tmp_path / "a.txt"))
+    client.create_experiment("remote", artifact_location="s3://bucket/x")
+
+    new = tmp_path / "new"
+    shutil.copytree(old, new)
+
+    def moved_legacy():
+        return [m for m in relocate(new / "mlflow.db") if m.experiment_id == int(exp_id)]
+
+    # "Default" has no artifacts anywhere: adopted at once; "legacy" has them at both places
+    assert [m.experiment_id for m in relocate(new / "mlflow.db")] == [0, int(exp_id)]
+    shutil.copy2(old / "mlflow.db", new / "mlflow.db")  # back to the untagged database
+    shutil.rmtree(new / "mlruns")
+    assert moved_legacy() == []  # only at the old place: keep pointing at them
+    shutil.copytree(old / "mlruns", new / "mlruns")
+    monkeypatch.chdir(tmp_path)
+    shutil.rmtree(old)
+    (moved,) = moved_legacy()
+    assert (moved.old_root, moved.new_root, moved.runs) == (old.as_posix(), new.as_posix(), 1)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{new / 'mlflow.db'}")
+    assert client.get_experiment(exp_id).artifact_location == (new / "mlruns" / "7").as_posix()
+    assert client.get_experiment(exp_id).tags[ROOT_TAG] == new.as_posix()
+    assert client.get_experiment_by_name("remote").artifact_location == "s3://bucket/x"
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["a.txt"]
+    assert relocate(new / "mlflow.db") == []  # a second call has nothing to do
+    con = sqlite3.connect(new / "mlflow.db")
+    stored = [r[0] for r in con.execute("SELECT artifact_uri FROM runs")]
+    con.close()
+    assert stored == [f"{new}/mlruns/7/{run.info.run_id}/artifacts"]
+
+
+def test_the_documented_ui_commands_are_the_tested_one():
+    """README and `make ui` start the UI through `python -m fedpipe.tracking.ui`, the command the
+    moved-repository test drives; plain `mlflow ui` is mentioned only with its caveat."""
+    root = Path(__file__).resolve().parents[1]
+    readme = root / "README.md"
+    text = " ".join(readme.read_text().split())
+    assert "`make ui` (or `python -m fedpipe.tracking.ui [--port 5001]`" in text
+    assert "`mlflow ui --backend-store-uri sqlite:///mlflow.db` works too, but does not rewrite them" \
+        in text
+    make = (root / "Makefile").read_text()
+    assert "\nui: $(STAMP)\n\t$(BIN)/python -m fedpipe.tracking.ui $(UI_ARGS)\n" in make

@@ -84,6 +84,22 @@ def matrix_values(stage: str, n: int) -> list[str]:
     return values
 
 
+def failed_experiment_hint() -> str | None:
+    """The way back after a stage of a ``dvc exp run`` in the workspace fails: DVC has already written
+    the experiment's params.yaml, deleted the outputs of the failed stage and updated dvc.lock for
+    the stages before it. None outside ``dvc exp run``, or in a queued experiment's temporary copy
+    (which DVC deletes; the workspace is untouched)."""
+    from pathlib import Path
+
+    if "DVC_EXP_NAME" not in os.environ:
+        return None
+    if ".dvc/tmp/exps/" in Path.cwd().resolve().as_posix() + "/":
+        return None
+    return ("hint: the workspace now holds this experiment's params.yaml, and the failed stage's "
+            "outputs are deleted; `git checkout params.yaml dvc.lock && dvc checkout` returns to the "
+            "last commit")
+
+
 def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; bad params or missing data print one line and exit with code 2; Ctrl-C
     prints one line (:func:`interrupted_message`) and exits with code 130. Log lines go through
@@ -101,8 +117,15 @@ def run_stage(main: Callable[[], None]) -> None:
         print(interrupted_message(), file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except (ConfigError, DatasetNotFoundError, InputError, SkippedStageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+        _fail(f"error: {e}", EXIT_CONFIG)
     except DivergenceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_DIVERGED)
+        _fail(f"error: {e}", EXIT_DIVERGED)
+
+
+def _fail(line: str, code: int) -> None:
+    """One line (and under ``dvc exp run`` in the workspace, the way back), then exit ``code``."""
+    print(line, file=sys.stderr)
+    hint = failed_experiment_hint()
+    if hint:
+        print(hint, file=sys.stderr)
+    sys.exit(code)

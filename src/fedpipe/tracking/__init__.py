@@ -15,6 +15,10 @@ experiment's name) and has ``algorithm`` and ``run_seed`` params where the stage
 compare view can group by them. The runs of one pipeline execution (same commit, same params.yaml,
 same DVC experiment) hang under one parent run named ``pipeline · <experiment>``. Per-round records
 use the round as MLflow's step.
+
+Artifacts of a local database live beside it, in ``mlruns/``; the stored locations follow the
+repository when it is moved or copied (:mod:`fedpipe.tracking.locations`): they are rewritten to the
+current root before a stage logs and before the UI starts (``python -m fedpipe.tracking.ui``).
 """
 
 from __future__ import annotations
@@ -52,6 +56,16 @@ def tracking_uri() -> str:
     return uri if uri else f"sqlite:///{repo_root() / 'mlflow.db'}"
 
 
+def sqlite_db(uri: str) -> Path:
+    """The database file of a ``sqlite:///`` URI."""
+    from fedpipe.tracking.locations import sqlite_path
+
+    db = sqlite_path(uri)
+    if db is None:
+        raise ValueError(f"not a local SQLite tracking URI: {uri}")
+    return db
+
+
 @contextlib.contextmanager
 def _db_lock(uri: str) -> Iterator[None]:
     """Serialise the first writes to a local SQLite database: two stages starting together on a new
@@ -61,7 +75,7 @@ def _db_lock(uri: str) -> Iterator[None]:
         return
     from filelock import FileLock
 
-    with FileLock(uri[len("sqlite:///"):] + ".lock", timeout=600):
+    with FileLock(str(sqlite_db(uri)) + ".lock", timeout=600):
         yield
 
 
@@ -152,7 +166,7 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
     sha, dirty = git_state()
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     with _db_lock(uri):  # schema creation, the experiment and the parent run: one process at a time
-        experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT))
+        experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT), uri)
         parent = _pipeline_parent(experiment, sha, exp_name)
     algorithm, run_seed = stage_item(stage)
     label = exp_name or "workspace"
@@ -191,15 +205,25 @@ def stage_item(stage: str) -> tuple[str | None, int | None]:
     return (algorithm, int(seed)) if algorithm and seed.isdigit() else (None, None)
 
 
-def _experiment(name: str) -> str:
-    """The experiment's id, created if needed and marked as model training for the UI."""
+def _experiment(name: str, uri: str) -> str:
+    """The experiment's id, created if needed and marked as model training for the UI. With a local
+    database, its artifacts go beside it (not into the working directory, which for a queued ``dvc
+    exp`` is a temporary copy), and stored locations from before a move are rewritten first."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    exp = mlflow.get_experiment_by_name(name)
+    from fedpipe.tracking.locations import ROOT_TAG, artifact_root, new_experiment_location, relocate
+
+    exp = mlflow.get_experiment_by_name(name)  # creates the schema of a new database
+    root = artifact_root(uri)
+    if root is not None:
+        relocate(sqlite_db(uri))
     if exp is None:
+        location = None if root is None else new_experiment_location(root, name)
         try:
-            exp_id = mlflow.create_experiment(name)
+            exp_id = mlflow.create_experiment(
+                name, artifact_location=location,
+                tags=None if root is None else {ROOT_TAG: root.as_posix()})
         except MlflowException:  # created meanwhile by a stage running beside this one
             exp_id = mlflow.get_experiment_by_name(name).experiment_id
     else:
