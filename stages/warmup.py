@@ -20,8 +20,7 @@ def main() -> None:
     from fedpipe.pipeline.warmup import warmup
     with stage_run("warmup", cfg.params_read, cfg.seed) as run:
         out = warmup(cfg)
-        for cid, losses in sorted(out.losses.items()):
-            run.log_metrics({f"client_{cid:03d}_final_loss": losses[-1]})
+        run.log_per_client("client_final_loss", {c: ls[-1] for c, ls in out.losses.items()})
         run.log_metrics(out.metrics)
         run.log_file_hashes("input", out.inputs)
         run.log_artifact(out.out_dir / "losses.png", "plots")

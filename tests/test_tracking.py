@@ -43,6 +43,20 @@ def log_two_stages(tmp_path: Path) -> None:
         pass
 
 
+def test_per_client_values_are_one_metric_stepped_by_client(tracked):
+    _, uri = tracked
+    from mlflow.tracking import MlflowClient
+
+    with stage_run("warmup", {"seed": 0}, 0) as run:
+        run.log_per_client("client_final_loss", {2: 0.25, 0: 1.0, 1: 0.5})
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("fedpipe")
+    (r,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name.startswith("warmup")]
+    assert [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, "client_final_loss")] \
+        == [(0, 1.0), (1, 0.5), (2, 0.25)]
+    assert not any(k.startswith("client_0") for k in r.data.metrics)
+
+
 def test_runs_are_named_grouped_and_stepped(tracked):
     tmp_path, uri = tracked
     from mlflow.tracking import MlflowClient

@@ -127,6 +127,12 @@ class StageRun:
         self.log_metrics({k: v for k, v in record.items() if k not in STEP_KEYS},
                          step=int(record["round"]))
 
+    def log_per_client(self, name: str, values: Mapping[int, float]) -> None:
+        """One value per client as one metric with the client's id as the step (the compare view
+        draws it as a curve over clients, not as a metric per client)."""
+        for cid, value in sorted(values.items()):
+            self.log_metrics({name: value}, step=int(cid))
+
     def log_final(self, metrics: Mapping[str, Any]) -> None:
         """A run's final numbers, each prefixed ``final_`` once."""
         self.log_metrics({k if k.startswith("final_") else f"final_{k}": v for k, v in metrics.items()})
