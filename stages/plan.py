@@ -2,8 +2,8 @@
 depend on data/plan/diffusion.json and skip themselves when the study does not use them.
 
 Reads params: study, algorithms, and the files the study's algorithms name by path (hashed; the stage
-is always_changed). Writes data/plan/diffusion.json, data/federate_ddpm/plan.json and
-data/plan/inputs/<algorithm>.json.
+is always_changed). Writes data/plan/diffusion.json, data/plan/backbone.json,
+data/federate_ddpm/plan.json and data/plan/inputs/<algorithm>.json.
 """
 
 from fedpipe.cli import run_stage
@@ -18,8 +18,11 @@ def main() -> None:
     read = {"study": params.get("study"), "algorithms": params.get("algorithms")}
     with stage_run("plan", read, read_seed(params)) as run:
         plan = write_plan(params)  # validates study and algorithms; no data is loaded
-        run.log_tags({"plan.diffusion": str(plan["diffusion"]).lower()})
+        run.log_tags({"plan.diffusion": str(plan["diffusion"]).lower(),
+                      "plan.backbone": str(bool(plan["backbone"])).lower()})
     print("diffusion side:", "used" if plan["diffusion"] else "skipped (not used by this study)")
+    print("backbone stage:", f"used by {', '.join(plan['backbone'])}" if plan["backbone"]
+          else "skipped (no algorithm with backbone: fedavg)")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, Strategy, run_federated
 from fedpipe.fl.state import Weights
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_csv, write_json
+from fedpipe.errors import InputError, SkippedStageError
 from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss, sigma_acc
 from fedpipe.models.adapters import load_backbone
 from fedpipe.pipeline.common import (
@@ -33,9 +34,8 @@ from fedpipe.pipeline.common import (
     load_partition,
     make_model,
 )
-from fedpipe.pipeline.inputs import checkpoint_dir
+from fedpipe.pipeline.inputs import BACKBONE_DIR, backbone_path, checkpoint_dir
 from fedpipe.pipeline.server_data import SERVER_DATA_DIR, check_server_data, load_server_data
-from fedpipe.rng import torch_seed
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)
@@ -187,36 +187,25 @@ def participant_disagreement(history: list[dict[str, float]], client_history: li
             rec["test_cd_pairs"] = client_disagreement(np.array(losses), normalization="pairs")
 
 
-def pretrain_backbone(cfg: TrainConfig, ds, clients: list[ClientData], out: Path,
-                      progress: bool = True) -> Weights:
-    """The plain model (no algorithm preparation) trained by FedAvg on the federation's clients for
-    ``algo_cfg.pretrain_rounds`` rounds (default ``fl.rounds``), with the run's ``fl`` settings and
-    the seed stream ``(seed, "backbone-pretrain")``; checkpointed under ``out/pretrain`` (resumable).
-    PerAda's offline backbone (the paper's Fig. 5 alternative to ImageNet weights)."""
-    plain = replace(cfg, algorithm="fedavg", algo_cfg=None)
-    rounds = getattr(cfg.algo_cfg, "pretrain_rounds", None) or cfg.fl.rounds
-    device, accel = cfg.device.torch, cfg.device.accel
-    strategy = Strategy(ClassificationTask(accel.bf16_autocast, accel.compile),
-                        lambda: make_model(plain, ds).to(device), cfg.fl.local,
-                        aggregation=cfg.fl.aggregation, num_clients=len(clients))
-    result = run_federated(strategy, make_model(plain, ds).to(device), clients,
-                           replace(cfg.fl, rounds=rounds),
-                           torch_seed(cfg.seed, "backbone-pretrain"),
-                           checkpoint_dir=out / "pretrain",
-                           fingerprint=fingerprint_of({**cfg.params_read, "pretrain": rounds}),
-                           progress=progress)
-    return result.state.weights
-
-
-def backbone_of(cfg: TrainConfig, ds, clients: list[ClientData], out: Path, progress: bool
+def backbone_of(cfg: TrainConfig, backbone_dir: str | Path = BACKBONE_DIR
                 ) -> tuple[Weights | None, dict[str, str]]:
-    """The frozen backbone an algorithm asks for (its config's ``backbone``: ``none``, ``fedavg`` or a
-    safetensors path) and the input files it read (for lineage)."""
+    """The frozen backbone an algorithm asks for (its config's ``backbone``: ``none``, ``fedavg``, the
+    ``backbone`` stage's output for this seed, or a safetensors path) and the input files it read
+    (for lineage)."""
     backbone = getattr(cfg.algo_cfg, "backbone", "none")
     if backbone == "none":
         return None, {}
     if backbone == "fedavg":
-        return pretrain_backbone(cfg, ds, clients, out, progress), {}
+        path = backbone_path(cfg.seed, backbone_dir)
+        stage = f"backbone@{cfg.seed}"
+        if not path.is_file():
+            raise InputError(path, f"missing (the FedAvg backbone of {cfg.algorithm}, seed "
+                             f"{cfg.seed})", stage)
+        try:
+            return load_tensors(path), {str(path): md5_file(path)}
+        except SkippedStageError:
+            raise InputError(path, "a placeholder: the plan skipped the backbone stage (no algorithm "
+                             "with backbone: fedavg when it ran)", stage) from None
     if not Path(backbone).is_file():
         raise ConfigError(f"algorithms.{cfg.algorithm}.backbone", backbone,
                           "none, fedavg or an existing .safetensors file (never downloaded)")
@@ -226,12 +215,13 @@ def backbone_of(cfg: TrainConfig, ds, clients: list[ClientData], out: Path, prog
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
              partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
              on_round: Callable[[dict[str, float]], None] | None = None,
-             progress: bool = True, server_data_dir: str | Path = SERVER_DATA_DIR
-             ) -> FederateOutputs:
+             progress: bool = True, server_data_dir: str | Path = SERVER_DATA_DIR,
+             backbone_dir: str | Path = BACKBONE_DIR) -> FederateOutputs:
     """Run the federate stage for ``cfg.algorithm`` with training seed ``cfg.seed`` into
     ``<out_root>/<algorithm>/seed_<seed>``; resumes from its checkpoint
     (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`) if present. A method
-    that declares server data gets it from ``server_data_dir`` (the ``server_data`` stage)."""
+    that declares server data gets it from ``server_data_dir`` (the ``server_data`` stage); one with
+    ``backbone: fedavg`` its backbone from ``backbone_dir`` (the ``backbone`` stage)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
     part = load_partition(partition_path)
     kind = ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg)
@@ -251,7 +241,7 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         raise ConfigError("partition.scheme", part.meta["scheme"],
                           f"label_blocks ({cfg.algorithm} needs each client's planted group)")
     inputs = {str(partition_path): md5_file(partition_path)}
-    backbone, read = backbone_of(cfg, ds, clients, out, progress)
+    backbone, read = backbone_of(cfg, backbone_dir)
     if backbone is not None:
         load_backbone(model, backbone)
         inputs |= read

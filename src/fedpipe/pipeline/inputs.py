@@ -17,6 +17,15 @@ from fedpipe.io import (  # noqa: F401  (re-exported: the stages' input checks)
 )
 
 PARTITION_PATH = "data/partition/partition.safetensors"
+BACKBONE_DIR = "data/backbone"
+
+
+def backbone_path(seed: int, root: str | Path = BACKBONE_DIR) -> Path:
+    """The ``backbone`` stage's output for training seed ``seed`` (PerAda's ``backbone: fedavg``):
+    ``<root>/seed_<seed>/model.safetensors``."""
+    return Path(root) / f"seed_{seed}" / "model.safetensors"
+
+
 PARTITION_KEYS = ("train_indices", "train_offsets", "test_indices", "test_offsets")
 
 

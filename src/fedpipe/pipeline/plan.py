@@ -20,6 +20,11 @@ the study, so changing the study's seeds or methods re-runs them only when the d
   two) so that it re-hashes the named files: a changed file changes this json and re-runs that
   algorithm's federate stages (only those); an unchanged one leaves it byte-identical and DVC re-runs
   nothing downstream. A named file that does not exist is a ConfigError here, before any compute.
+- ``data/plan/backbone.json`` = ``{"run": bool, "pretrain_rounds": int | null}``: whether the
+  ``backbone@<seed>`` stages pretrain PerAda's offline backbone (some algorithm of the study has
+  ``backbone: fedavg``), and its one algorithm-side setting. All such algorithms share the one
+  backbone per seed, so they must agree on ``pretrain_rounds`` (a ConfigError here otherwise); the
+  rest of its settings (``model``, ``fl``, ``dataset``, the seed) are the stage's own params.
 
 A skipped stage still runs (a second or two) and writes placeholders: :mod:`fedpipe.pipeline.skip`.
 """
@@ -32,7 +37,7 @@ from typing import Any
 from fedpipe.config.core import ConfigError, build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, write_json
-from fedpipe.pipeline.skip import DIFFUSION_PLAN
+from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN
 
 DDPM_TRACK_PLAN = Path("data/federate_ddpm/plan.json")
 DIFFUSION_STAGES = ("feature_extractor", "warmup", "generate", "aux_quality")
@@ -72,13 +77,38 @@ def input_files(params: dict[str, Any], root: str | Path = ".") -> dict[str, dic
     return out
 
 
+def backbone_users(params: dict[str, Any]) -> tuple[list[str], int | None]:
+    """The classification algorithms of the study whose backbone is ``fedavg`` (pretrained by the
+    ``backbone`` stage) and their common ``pretrain_rounds`` (null = ``fl.rounds``); two users with
+    different values are a ConfigError (one backbone per seed serves them all)."""
+    from fedpipe.algorithms import algorithm_config
+
+    study = build(StudyConfig, params.get("study"), "study")
+    sections = params.get("algorithms") or {}
+    users: list[str] = []
+    rounds: int | None = None
+    for name in study.algorithms:
+        cfg = algorithm_config(name, sections.get(name), "study.algorithms")
+        if getattr(cfg, "backbone", None) != "fedavg":
+            continue
+        if users and cfg.pretrain_rounds != rounds:
+            raise ConfigError(f"algorithms.{name}.pretrain_rounds", cfg.pretrain_rounds,
+                              f"{rounds} (as algorithms.{users[0]}.pretrain_rounds: the algorithms "
+                              "with backbone fedavg share one pretrained backbone per seed)")
+        users.append(name)
+        rounds = cfg.pretrain_rounds
+    return users, rounds
+
+
 def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
     """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
     root = Path(root)
     study = build(StudyConfig, params.get("study"), "study")
     run = uses_diffusion(params)
     inputs = input_files(params, root)
+    users, rounds = backbone_users(params)
     write_json(root / DIFFUSION_PLAN, {"run": run})
+    write_json(root / BACKBONE_PLAN, {"run": bool(users), "pretrain_rounds": rounds})
     write_json(root / DDPM_TRACK_PLAN, {"algorithms": list(study.diffusion_algorithms),
                                         "seeds": list(study.seeds)})
     folder = root / INPUTS_DIR  # a folder output, also when empty: exactly this study's algorithms
@@ -88,4 +118,4 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
     for name, files in inputs.items():
         write_json(folder / f"{name}.json", files)
     return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
-            "inputs": inputs}
+            "inputs": inputs, "backbone": users}

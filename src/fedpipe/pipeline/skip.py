@@ -14,18 +14,24 @@ from pathlib import Path
 from fedpipe.io import SKIPPED_KEY, read_json, save_tensors, write_csv, write_json, write_text
 
 DIFFUSION_PLAN = Path("data/plan/diffusion.json")
+BACKBONE_PLAN = Path("data/plan/backbone.json")
 SKIPPED_FILE = "SKIPPED.json"  # what a placeholder folder holds
 
 
-def stage_outputs(stage: str, dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
-    """Every path ``dvc.yaml`` declares as an output of ``stage`` (outs, metrics, plots)."""
+def stage_outputs(stage: str, dvc_yaml: str | Path = "dvc.yaml",
+                  item: dict[str, object] | None = None) -> list[str]:
+    """Every path ``dvc.yaml`` declares as an output of ``stage`` (outs, metrics, plots); for a
+    ``matrix`` stage, ``item`` gives the values that replace ``${item.<key>}``."""
     import yaml
 
     spec = yaml.safe_load(Path(dvc_yaml).read_text(encoding="utf-8"))["stages"][stage]
     paths: list[str] = []
     for section in ("outs", "metrics", "plots"):
         for entry in spec.get(section, []) or []:
-            paths.append(entry if isinstance(entry, str) else next(iter(entry)))
+            path = entry if isinstance(entry, str) else next(iter(entry))
+            for key, value in (item or {}).items():
+                path = path.replace("${item.%s}" % key, str(value))
+            paths.append(path)
     return paths
 
 
@@ -66,21 +72,28 @@ def _placeholder_png(path: Path, reason: str) -> None:
     save_figure(path, fig, dpi=60)
 
 
+DIFFUSION_REASON = "no diffusion-track method and no generated server data"
+
+
 def skip_if_unused(stage: str, plan: str | Path = DIFFUSION_PLAN,
-                   dvc_yaml: str | Path = "dvc.yaml") -> bool:
+                   dvc_yaml: str | Path = "dvc.yaml", item: dict[str, object] | None = None,
+                   why: str = DIFFUSION_REASON) -> bool:
     """If the plan says the study does not use ``stage``, write its placeholders and return True.
+    ``item``: a ``matrix`` stage's values (``{"seed": 0}`` for ``backbone@0``); ``why``: the
+    reason written into the placeholders.
 
     Without a plan file (the script run by hand, outside ``dvc repro``) the stage runs."""
     if not Path(plan).is_file() or not Path(dvc_yaml).is_file():  # run by hand: run as asked
         return False
-    outputs = stage_outputs(stage, dvc_yaml)
+    outputs = stage_outputs(stage, dvc_yaml, item)
+    if item:
+        stage = f"{stage}@{'-'.join(str(v) for v in item.values())}"
     if read_json(plan).get("run", True):
         for out in outputs:  # a folder that held a placeholder is the real output again
             if not Path(out).suffix:
                 (Path(out) / SKIPPED_FILE).unlink(missing_ok=True)
         return False
-    reason = (f"stage {stage} is not used by this study (no diffusion-track method and no generated "
-              f"server data; see {plan})")
+    reason = f"stage {stage} is not used by this study ({why}; see {plan})"
     for out in outputs:
         write_placeholder(out, reason)
     print(f"{stage}: skipped, not used by this study ({plan})")
