@@ -2,7 +2,8 @@
 training seed of `study.seeds`.
 
 Reads params: seed, dataset, model, fl, algorithms.<algorithm>; the partition file and, for a method
-that declares server data, data/server_data/. Writes data/federate/<algorithm>/seed_<seed>/ (model,
+that declares server data, data/server_data/; for `backbone: fedavg`, data/backbone/seed_<seed>/
+(the backbone stage). Writes data/federate/<algorithm>/seed_<seed>/ (model,
 personal models, history, per-client accuracies, metrics, curves; resume state in data/checkpoints/).
 """
 

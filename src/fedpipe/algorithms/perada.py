@@ -31,8 +31,8 @@ Evaluation: client m predicts with f((u, v_m), x) (``personalized_model``, the b
 global weights with the client's personal adapter; a never-selected client has v_m = w).
 
 Backbone (``backbone``): ``none`` (random init, Fig. 5's worst case), ``fedavg`` (the paper's Fig. 5
-alternative: the federate stage first trains the plain model with FedAvg on the federation's data for
-``pretrain_rounds`` rounds, then freezes it; offline default), or the path of a safetensors state dict
+alternative: the plain model trained with FedAvg on the federation's data for ``pretrain_rounds``
+rounds, once per seed by the pipeline's ``backbone`` stage, then frozen; offline default), or the path of a safetensors state dict
 (e.g. torchvision's ImageNet ResNet-18 weights converted with ``safetensors.torch.save_file``; never
 downloaded). The head is always freshly initialised (spec §2.2).
 """
