@@ -104,7 +104,7 @@ def build_backbone(bcfg: BackboneConfig, out_root: str | Path = BACKBONE_DIR,
                                                   "seed": cfg.seed, "users": list(bcfg.users)},
                                                  sort_keys=True)})
     metrics = {"rounds": result.rounds_done, "final_train_loss": result.history[-1]["train_loss"],
-               "tensors": len(weights), "parameters": int(sum(v.numel() for v in weights.values()))}
+               "tensors": len(weights), "numel": int(sum(v.numel() for v in weights.values()))}
     write_json(path.parent / "metrics.json", metrics)
     log.info("backbone (seed %d): %d FedAvg rounds for %s", cfg.seed, bcfg.rounds,
              ", ".join(bcfg.users))
