@@ -32,9 +32,9 @@ global weights with the client's personal adapter; a never-selected client has v
 
 Backbone (``backbone``): ``none`` (random init, Fig. 5's worst case), ``fedavg`` (the paper's Fig. 5
 alternative: the plain model trained with FedAvg on the federation's data for ``pretrain_rounds``
-rounds, once per seed by the pipeline's ``backbone`` stage, then frozen; offline default), or the path of a safetensors state dict
-(e.g. torchvision's ImageNet ResNet-18 weights converted with ``safetensors.torch.save_file``; never
-downloaded). The head is always freshly initialised (spec §2.2).
+rounds, once per seed by the pipeline's ``backbone`` stage, then frozen; offline default), or the path
+of a safetensors state dict (e.g. torchvision's ImageNet ResNet-18 weights converted with
+``safetensors.torch.save_file``; never downloaded). The head is always freshly initialised (spec §2.2).
 """
 
 from __future__ import annotations

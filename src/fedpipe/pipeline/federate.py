@@ -19,10 +19,10 @@ from fedpipe.algorithms import ALGORITHMS
 from fedpipe.cli import keep_on_interrupt
 from fedpipe.config import ConfigError
 from fedpipe.data import ClientData, load_dataset
-from fedpipe.fl import RunResult, Strategy, run_federated
+from fedpipe.errors import InputError, SkippedStageError
+from fedpipe.fl import RunResult, run_federated
 from fedpipe.fl.state import Weights
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_csv, write_json
-from fedpipe.errors import InputError, SkippedStageError
 from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss, sigma_acc
 from fedpipe.models.adapters import load_backbone
 from fedpipe.pipeline.common import (

@@ -30,7 +30,7 @@ def stage_outputs(stage: str, dvc_yaml: str | Path = "dvc.yaml",
         for entry in spec.get(section, []) or []:
             path = entry if isinstance(entry, str) else next(iter(entry))
             for key, value in (item or {}).items():
-                path = path.replace("${item.%s}" % key, str(value))
+                path = path.replace(f"${{item.{key}}}", str(value))
             paths.append(path)
     return paths
 
