@@ -27,7 +27,6 @@ import contextlib
 import logging
 import os
 import subprocess
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -110,23 +109,18 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class StageRun:
-    """Handle passed to a stage: log metrics, files and tags (no-ops when tracking is off).
-
-    Calls are buffered and sent when the stage's block ends (:func:`stage_run`), so that MLflow's
-    start-up can run beside the stage's work."""
+    """Handle passed to a stage: log metrics, files and tags (no-ops when tracking is off)."""
 
     def __init__(self, active: bool):
         self.active = active
         self.run_id: str | None = None
-        self.metrics: list[tuple[str, float, int, int | None]] = []  # key, value, time (ms), step
-        self.tags: dict[str, str] = {}
-        self.artifacts: list[tuple[str, str | None]] = []
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if self.active:
-            now = int(time.time() * 1000)
-            self.metrics += [(k, float(v), now, step) for k, v in metrics.items()
-                             if isinstance(v, (int, float))]
+            import mlflow
+
+            clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+            mlflow.log_metrics(clean, step=step)
 
     def log_round(self, record: Mapping[str, float]) -> None:
         """One round's record, with the round as the step (``round``/``clients`` are not metrics)."""
@@ -145,127 +139,68 @@ class StageRun:
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if self.active:
-            self.artifacts.append((str(path), artifact_path))
+            import mlflow
+
+            mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
     def log_tags(self, tags: Mapping[str, Any]) -> None:
         """Free-form tags, e.g. which FID extractor produced a score."""
         if self.active:
-            self.tags.update({k: str(v) for k, v in tags.items()})
+            import mlflow
+
+            mlflow.set_tags({k: str(v) for k, v in tags.items()})
 
     def log_file_hashes(self, kind: str, hashes: Mapping[str, str]) -> None:
         """Tags ``{kind}.{path}`` = md5 (``kind`` is 'input' or 'output')."""
         if self.active:
-            self.tags.update({f"{kind}.{p}": h for p, h in hashes.items()})
+            import mlflow
 
-    def send(self, client: Any) -> None:
-        """Everything logged so far, to the run ``run_id`` (MLflow's batch limits respected)."""
-        from mlflow.entities import Metric, RunTag
-
-        metrics = [Metric(k, v, t, s if s is not None else 0) for k, v, t, s in self.metrics]
-        tags = [RunTag(k, v) for k, v in self.tags.items()]
-        for i in range(0, len(metrics), 1000):
-            client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
-        for i in range(0, len(tags), 100):
-            client.log_batch(self.run_id, tags=tags[i:i + 100])
-        for path, artifact_path in self.artifacts:
-            client.log_artifact(self.run_id, path, artifact_path=artifact_path)
-        self.metrics, self.tags, self.artifacts = [], {}, []
-
-
-def _open_run(uri: str, stage: str, params: Mapping[str, Any], seed: int, context: dict) -> tuple:
-    """Import MLflow, find or create the experiment and the pipeline's parent run, create this
-    stage's run with its tags and params; returns (client, run id). Runs in a thread beside the
-    stage's work (importing MLflow and opening its database cost about 3 s of every stage)."""
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)
-    with _db_lock(uri):  # schema creation, the experiment and the parent run: one process at a time
-        experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT), uri)
-        parent = _pipeline_parent(experiment, context["sha"], context["exp_name"], context["params_md5"])
-    algorithm, _ = stage_item(stage)
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    tags = {
-        "mlflow.runName": f"{stage} · {context['exp_name'] or 'workspace'}",
-        "mlflow.source.git.commit": context["sha"],
-        "git.dirty": str(context["dirty"]).lower(),
-        "dvc.stage": stage,
-        "dvc.exp_name": context["exp_name"],
-        "dvc.exp_baseline": context["baseline"],
-        "seed": str(seed),
-        "torch.threads": str(context["threads"]),
-        "fedpipe.workers": context["workers"],
-        **({"mlflow.parentRunId": parent} if parent else {}),
-    }
-    run = client.create_run(experiment, start_time=context["start"], tags=tags,
-                            run_name=tags["mlflow.runName"])
-    if algorithm is not None:
-        params = {**params, "algorithm": algorithm}
-    from mlflow.entities import Param
-
-    items = sorted((k, str(v)[:6000]) for k, v in flatten(params).items())
-    for i in range(0, len(items), 100):  # MLflow's batch limit
-        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in items[i:i + 100]])
-    return client, run.info.run_id
+            mlflow.set_tags({f"{kind}.{p}": h for p, h in hashes.items()})
 
 
 @contextlib.contextmanager
 def stage_run(stage: str, params: Mapping[str, Any], seed: int,
               inputs: Mapping[str, str] | None = None) -> Iterator[StageRun]:
-    """An MLflow run for one DVC stage, with lineage tags and the resolved params.
-
-    The run is opened in a thread while the stage works, and what the stage logged is sent when
-    its block ends; a failing block leaves a run marked FAILED with what was logged until then."""
+    """An MLflow run for one DVC stage, with lineage tags and the resolved params."""
     if not tracking_enabled():
         yield StageRun(active=False)
         return
-    import threading
+    import mlflow
 
-    import torch
-
-    context = {"sha": "", "dirty": False, "exp_name": os.environ.get("DVC_EXP_NAME", ""),
-               "baseline": os.environ.get("DVC_EXP_BASELINE_REV", ""),
-               "threads": torch.get_num_threads(),
-               "workers": os.environ.get("FEDPIPE_WORKERS", "one per core"),
-               "start": int(time.time() * 1000), "params_md5": _params_md5()}
-    context["sha"], context["dirty"] = git_state()
     uri = tracking_uri()
-    opened: dict[str, Any] = {}
+    mlflow.set_tracking_uri(uri)
+    sha, dirty = git_state()
+    exp_name = os.environ.get("DVC_EXP_NAME", "")
+    with _db_lock(uri):  # schema creation, the experiment and the parent run: one process at a time
+        experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT), uri)
+        parent = _pipeline_parent(experiment, sha, exp_name)
+    algorithm, run_seed = stage_item(stage)
+    label = exp_name or "workspace"
+    with mlflow.start_run(run_name=f"{stage} · {label}", experiment_id=experiment) as run:
+        import torch
 
-    def open_run() -> None:
-        try:
-            opened["run"] = _open_run(uri, stage, params, seed, context)
-        except BaseException as e:  # noqa: BLE001 (re-raised in the stage's process below)
-            opened["error"] = e
-
-    worker = threading.Thread(target=open_run, name="mlflow-open", daemon=True)
-    worker.start()
-    handle = StageRun(active=True)
-    if inputs:
-        handle.log_file_hashes("input", inputs)
-    status = "FINISHED"
-    try:
+        mlflow.set_tags({
+            "mlflow.source.git.commit": sha,
+            "git.dirty": str(dirty).lower(),
+            "dvc.stage": stage,
+            "dvc.exp_name": exp_name,
+            "dvc.exp_baseline": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+            "seed": str(seed),
+            "torch.threads": str(torch.get_num_threads()),
+            "fedpipe.workers": os.environ.get("FEDPIPE_WORKERS", "one per core"),
+            **({"mlflow.parentRunId": parent} if parent else {}),
+        })
+        if algorithm is not None:
+            params = {**params, "algorithm": algorithm}
+        flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
+        items = sorted(flat.items())
+        for i in range(0, len(items), 100):  # MLflow's batch limit
+            mlflow.log_params(dict(items[i:i + 100]))
+        handle = StageRun(active=True)
+        handle.run_id = run.info.run_id
+        if inputs:
+            handle.log_file_hashes("input", inputs)
         yield handle
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
-        worker.join()
-        if "error" in opened:
-            if status == "FINISHED":
-                raise opened["error"]
-            log.warning("MLflow run not opened: %s", opened["error"])
-        else:
-            client, handle.run_id = opened["run"]
-            handle.send(client)
-            client.set_terminated(handle.run_id, status=status)
-
-
-def _params_md5() -> str | None:
-    """MD5 of the working directory's params.yaml (which pipeline execution a stage belongs to)."""
-    import hashlib
-
-    params_file = Path("params.yaml")
-    return hashlib.md5(params_file.read_bytes()).hexdigest()[:12] if params_file.is_file() else None
 
 
 def stage_item(stage: str) -> tuple[str | None, int | None]:
@@ -305,13 +240,17 @@ def _experiment(name: str, uri: str) -> str:
     return exp_id
 
 
-def _pipeline_parent(experiment_id: str, sha: str, exp_name: str, digest: str | None) -> str | None:
-    """The parent run of this pipeline execution (commit, params.yaml's md5 ``digest``, DVC
-    experiment), created by the first stage that logs; None when there is no params.yaml."""
+def _pipeline_parent(experiment_id: str, sha: str, exp_name: str) -> str | None:
+    """The parent run of this pipeline execution (commit, params.yaml, DVC experiment), created by
+    the first stage that logs; None when there is no params.yaml."""
+    import hashlib
+
     import mlflow
 
-    if digest is None:
+    params_file = Path("params.yaml")
+    if not params_file.is_file():
         return None
+    digest = hashlib.md5(params_file.read_bytes()).hexdigest()[:12]
     key = f"{sha[:12]}-{digest}-{exp_name or 'workspace'}"
     client = mlflow.MlflowClient()
     found = client.search_runs([experiment_id], filter_string=f"tags.`{PIPELINE_TAG}` = '{key}'",
