@@ -61,7 +61,14 @@ def run_script(tmp_path: Path, body: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "FEDPIPE_TRACKING": "off"}
     env.pop("FEDPIPE_THREADS", None)
     return subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
+
+
+def default_sigint() -> None:
+    """The child gets Ctrl-C's default disposition, as in a terminal: a test run started in the
+    background (``make test &``) inherits SIGINT ignored, and Python then installs no handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_log_lines_print_above_the_progress_bar(tmp_path):
@@ -149,7 +156,8 @@ def test_ctrl_c_to_the_process_group_stops_worker_processes_quietly(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{tmp_path}",
            "FEDPIPE_TRACKING": "off"}
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while not all((tmp_path / f"started_{i}").exists() for i in (0, 1)):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
