@@ -21,3 +21,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+# The end-to-end DVC files run longest (minutes, one stage after another). Under `make test` each
+# file goes to one test process (`--dist loadfile`) in collection order: collected first, they run
+# beside all the other files instead of after them, on a process left alone at the end.
+LONGEST_FIRST = ("test_pipeline.py", "test_exp_queue.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each file is kept
