@@ -43,7 +43,8 @@ def stage_bodies(dvc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def stage_scripts(cmd: str | Sequence[str]) -> list[str]:
-    """Paths of the Python scripts that ``cmd`` runs (``python[3] [opts] path/x.py args``)."""
+    """Paths of the Python scripts that ``cmd`` runs (``python[3] [opts] path/x.py args``, or
+    ``python -m fedpipe.launch path/x.py args``)."""
     scripts = []
     for line in [cmd] if isinstance(cmd, str) else cmd:
         for part in re.split(r"&&|\|\||;|\|", line):
@@ -51,6 +52,8 @@ def stage_scripts(cmd: str | Sequence[str]) -> list[str]:
             for i, tok in enumerate(tokens):
                 if re.fullmatch(r"(\S*/)?python[0-9.]*", tok):
                     rest = [t for t in tokens[i + 1:] if not t.startswith("-")]
+                    if rest[:1] == ["fedpipe.launch"]:  # python -m fedpipe.launch <script> (warm start)
+                        rest = rest[1:]
                     if rest and rest[0].endswith(".py"):
                         scripts.append(rest[0])
     return scripts
@@ -311,8 +314,10 @@ def test_stage_bodies_and_scripts() -> None:
         "a": {"cmd": "python stages/a.py", "deps": ["stages/a.py"]},
         "b": {"foreach": [1, 2], "do": {"cmd": "python3 -u stages/b.py ${item}", "deps": []}},
         "c": {"matrix": {"x": [1]}, "cmd": ["mkdir -p out && python stages/c.py ${item.x}"], "deps": []},
+        "d": {"cmd": "python -m fedpipe.launch stages/d.py", "deps": []},
+        "e": {"cmd": "python -m other.module stages/e.py", "deps": []},
     }}
     bodies = stage_bodies(dvc)
-    assert [stage_scripts(bodies[k]["cmd"]) for k in "abc"] == [
-        ["stages/a.py"], ["stages/b.py"], ["stages/c.py"]]
+    assert [stage_scripts(bodies[k]["cmd"]) for k in "abcde"] == [
+        ["stages/a.py"], ["stages/b.py"], ["stages/c.py"], ["stages/d.py"], []]
     assert code_deps(["x", "y/${item}", {"z": {"cache": False}}]) == ["x", "z"]
