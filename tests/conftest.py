@@ -35,3 +35,11 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order within each file is kept
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No warm-start server (`fedpipe.launch`, started by the DVC tests' stages) outlives the run."""
+    if not hasattr(session.config, "workerinput"):  # the controller, or a run without xdist
+        from fedpipe.launch import stop_servers
+
+        stop_servers()

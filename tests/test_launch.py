@@ -192,3 +192,16 @@ def test_usage_line_without_a_script(env):
     proc = subprocess.run([sys.executable, "-m", "fedpipe.launch"], env=env, text=True,
                           capture_output=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m fedpipe.launch")
+
+
+def test_stop_ends_the_servers(tmp_path, env):
+    own = {**env, "TMPDIR": str(tmp_path)}
+    assert run(write(tmp_path, "print(1)\n"), env=own).returncode == 0
+    assert sockets(own)
+    proc = subprocess.run([sys.executable, "-m", "fedpipe.launch", "--stop"], env=own, text=True,
+                          capture_output=True, timeout=60)
+    assert proc.stdout.strip() == "stopped 1 launcher server(s)"
+    deadline = time.monotonic() + 20
+    while sockets(own) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not sockets(own)

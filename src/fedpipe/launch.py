@@ -25,6 +25,7 @@ interpreter and the settings that shape imports (``PYTHONPATH``, ``OMP_NUM_THREA
 and retires itself when a package is installed or removed (the site-packages folders changed). If it
 cannot be reached or started, the script runs in a plain new process, as without the launcher.
 ``FEDPIPE_LAUNCHER=off`` always does that (e.g. to run a stage under a debugger or a profiler).
+``python -m fedpipe.launch --stop`` stops this user's servers (the test suite does at its end).
 """
 
 from __future__ import annotations
@@ -247,6 +248,8 @@ def serve(path: Path) -> dict[str, Any] | None:
     listener.listen(64)
     os.replace(tmp, path)
     ours = os.stat(path).st_ino
+    path.with_suffix(".pid").write_text(str(os.getpid()))
+    signal.signal(signal.SIGTERM, _stop_serving)
     last = time.monotonic()
     try:
         while True:
@@ -270,7 +273,8 @@ def serve(path: Path) -> dict[str, Any] | None:
                 return None
             if os.fork() == 0:  # the supervisor of this request
                 listener.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for sig in (signal.SIGCHLD, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)
                 req = _supervise(conn)
                 if req is not None:
                     return req  # in the stage process
@@ -287,6 +291,29 @@ def serve(path: Path) -> dict[str, Any] | None:
 
 
 _SERVER_PID = [0]
+
+
+def _stop_serving(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)  # the server's `finally` removes its socket
+
+
+def stop_servers() -> int:
+    """Stop this user's servers (SIGTERM; stages already forked run on); return how many. The test
+    suite calls it at its end, so that no server outlives a test run."""
+    folder = Path(tempfile.gettempdir()) / f"fedpipe-{os.getuid()}"
+    stopped = 0
+    for pid_file in folder.glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            pid_file.unlink(missing_ok=True)
+            continue
+        if b"fedpipe.launch" in cmdline and b"--serve" in cmdline:  # not a reused pid
+            os.kill(pid, signal.SIGTERM)
+            stopped += 1
+        pid_file.unlink(missing_ok=True)
+    return stopped
 
 
 def _supervise(conn: socket.socket) -> dict[str, Any] | None:
@@ -401,6 +428,9 @@ def _exit(code: int, sig: int | None = None) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--stop"]:
+        print(f"stopped {stop_servers()} launcher server(s)")
+        return 0
     if len(argv) >= 2 and argv[0] == "--serve":
         _SERVER_PID[0] = os.getpid()
         req = serve(Path(argv[1]))
