@@ -26,32 +26,19 @@ import statistics
 import time
 
 import torch
+from _digits import digits_clients, seeded_model_fn
 from torch import nn
 
 from fedpipe.algorithms import FedAvg
-from fedpipe.config import dataset_config, partition_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.data import ClientData, load_dataset, make_partition
 from fedpipe.fl import run_federated
 from fedpipe.fl.batched import ATOL, RTOL
-from fedpipe.models import build_model
 from fedpipe.tasks import ClassificationTask
 
 
 def setup(model_name: str, num_clients: int, alpha: float, kwargs: dict):
-    ds = load_dataset(dataset_config({"name": "digits"}))
-    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
-                          partition_config({"scheme": "dirichlet", "num_clients": num_clients,
-                                            "alpha": alpha}), 0)
-    clients = [ClientData(ds.train.x[torch.from_numpy(i)], ds.train.y[torch.from_numpy(i)])
-               for i in part.train]
-
-    def model_fn() -> nn.Module:
-        torch.manual_seed(0)
-        return build_model(model_name, ds.meta.shape, 10, mean=ds.meta.mean, std=ds.meta.std,
-                           **kwargs)
-
-    return clients, model_fn
+    ds, clients = digits_clients({"scheme": "dirichlet", "num_clients": num_clients, "alpha": alpha})
+    return clients, seeded_model_fn(ds, model_name, **kwargs)
 
 
 def timed_run(clients, model_fn, local: LocalTrainConfig, rounds: int, executor: str,

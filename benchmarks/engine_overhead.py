@@ -14,30 +14,19 @@ import statistics
 import time
 
 import torch
+from _digits import digits_clients, seeded_model_fn
 from torch import nn
 
-from fedpipe.config import dataset_config, partition_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.data import ClientData, load_dataset, make_partition
 from fedpipe.fl import Strategy, run_federated
 from fedpipe.fl.local import make_optimizer
-from fedpipe.models import build_model
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
 
 
 def setup(model_name: str, num_clients: int):
-    ds = load_dataset(dataset_config({"name": "digits"}))
-    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
-                          partition_config({"scheme": "iid", "num_clients": num_clients}), 0)
-    clients = [ClientData(ds.train.x[torch.from_numpy(i)], ds.train.y[torch.from_numpy(i)])
-               for i in part.train]
-
-    def model_fn() -> nn.Module:
-        torch.manual_seed(0)
-        return build_model(model_name, ds.meta.shape, 10, mean=ds.meta.mean, std=ds.meta.std)
-
-    return clients, model_fn
+    ds, clients = digits_clients({"scheme": "iid", "num_clients": num_clients})
+    return clients, seeded_model_fn(ds, model_name)
 
 
 def engine_run(clients, model_fn, local: LocalTrainConfig, rounds: int) -> float:

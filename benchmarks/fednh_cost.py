@@ -23,13 +23,12 @@ import statistics
 import time
 
 import torch
+from _digits import digits_clients
 from torch import nn
 
 import fedpipe.algorithms.fednh as fednh_module
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
-from fedpipe.config import dataset_config, partition_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.data import ClientData, load_dataset, make_partition
 from fedpipe.fl import run_federated
 from fedpipe.models import build_model
 from fedpipe.tasks import ClassificationTask
@@ -63,12 +62,8 @@ class PrototypeClock:
 
 
 def setup(num_clients: int):
-    ds = load_dataset(dataset_config({"name": "digits"}))
-    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
-                          partition_config({"scheme": "dirichlet", "alpha": 0.3,
-                                            "num_clients": num_clients, "min_size": 10}), 0)
-    return ds, [ClientData(ds.train.x[torch.from_numpy(i)], ds.train.y[torch.from_numpy(i)])
-                for i in part.train]
+    return digits_clients({"scheme": "dirichlet", "alpha": 0.3, "num_clients": num_clients,
+                           "min_size": 10})
 
 
 def run(name: str, ds, clients, kwargs: dict, local: LocalTrainConfig, rounds: int) -> float:

@@ -35,14 +35,11 @@ import warnings
 
 import numpy as np
 import torch
-from torch import nn
+from _digits import digits_clients, seeded_model_fn
 
-from fedpipe.config import dataset_config, partition_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.data import ClientData, load_dataset, make_partition
 from fedpipe.fl import Strategy, run_federated
 from fedpipe.fl.state import ServerState
-from fedpipe.models import build_model
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
 
@@ -50,19 +47,9 @@ SEED = 0
 
 
 def setup(num_clients: int, hidden: int, alpha: float):
-    ds = load_dataset(dataset_config({"name": "digits"}))
-    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
-                          partition_config({"scheme": "dirichlet", "num_clients": num_clients,
-                                            "alpha": alpha}), SEED)
-    clients = [ClientData(ds.train.x[torch.from_numpy(i)], ds.train.y[torch.from_numpy(i)])
-               for i in part.train]
-
-    def model_fn() -> nn.Module:
-        torch.manual_seed(0)
-        return build_model("mlp", ds.meta.shape, 10, hidden=hidden, mean=ds.meta.mean,
-                           std=ds.meta.std)
-
-    return ds, clients, model_fn
+    ds, clients = digits_clients({"scheme": "dirichlet", "num_clients": num_clients, "alpha": alpha},
+                                 SEED)
+    return ds, clients, seeded_model_fn(ds, "mlp", hidden=hidden)
 
 
 def accuracy(model_fn, weights, ds) -> float:

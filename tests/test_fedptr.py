@@ -307,7 +307,7 @@ def test_one_local_step_by_hand(variant):
             assert variant == "no_projection" or pull.abs().max() > 1e-3
 
 
-def test_cost_benchmark_clock_counts_mtt_and_projection():
+def test_cost_benchmark_clock_counts_mtt_and_projection(monkeypatch):
     """benchmarks/fedptr_cost.py times MTT and the projection by wrapping them: with F = 2 over 5
     rounds (m = 1) MTT runs at t = 2, 4 and the projection at every t = 2..5; the wrappers go on
     exit."""
@@ -317,6 +317,7 @@ def test_cost_benchmark_clock_counts_mtt_and_projection():
     import fedpipe.algorithms.fedptr as module
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "fedptr_cost.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python benchmarks/fedptr_cost.py` has it
     spec = importlib.util.spec_from_file_location("fedptr_cost", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -205,3 +205,27 @@ def test_stop_ends_the_servers(tmp_path, env):
     while sockets(own) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not sockets(own)
+
+
+def test_a_bad_idle_setting_is_one_line_and_exit_2(tmp_path, env):
+    script = write(tmp_path, "open('ran', 'w').close()\n")
+    proc = run(script, env={**env, launch.IDLE_ENV: "soon"})
+    assert proc.returncode == 2 and not (tmp_path / "ran").exists()
+    assert proc.stderr.strip().splitlines() == [
+        "error: invalid config: FEDPIPE_LAUNCHER_IDLE='soon'; allowed: a number of seconds > 0"]
+    assert launch.idle_seconds({}) == launch.DEFAULT_IDLE
+    assert launch.idle_seconds({launch.IDLE_ENV: "2.5"}) == 2.5
+    for bad in ("0", "-1", "inf", "nan"):
+        with pytest.raises(ValueError):
+            launch.idle_seconds({launch.IDLE_ENV: bad})
+
+
+def test_without_a_socket_folder_the_stage_runs_as_a_plain_process(tmp_path, env):
+    blocked = tmp_path / "tmp"
+    blocked.mkdir()
+    (blocked / f"fedpipe-{os.getuid()}").write_text("a file where the socket folder would be")
+    script = write(tmp_path, "import os; print(os.getppid())\n")
+    t0 = time.monotonic()
+    proc = run(script, env={**env, "TMPDIR": str(blocked)})
+    assert proc.returncode == 0 and int(proc.stdout) == os.getpid()  # exec'd in place, no server
+    assert time.monotonic() - t0 < 30

@@ -62,6 +62,21 @@ def enabled(env: dict[str, str] | os._Environ = os.environ) -> bool:
     return env.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
 
 
+def idle_seconds(env: dict[str, str] | os._Environ = os.environ) -> float:
+    """``FEDPIPE_LAUNCHER_IDLE``: seconds > 0 (default 120); anything else is a ValueError whose
+    message is the one line the launching command prints."""
+    raw = env.get(IDLE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_IDLE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"invalid config: {IDLE_ENV}={raw!r}; allowed: a number of seconds > 0")
+    return value
+
+
 def server_key(env: dict[str, str] | os._Environ = os.environ, cwd: str | None = None) -> str:
     """The interpreter and the settings fixed when a server imports its modules: stages that differ
     in any of them never share a server. Relative ``PYTHONPATH`` entries count as resolved."""
@@ -155,14 +170,16 @@ def _start_server(path: Path) -> socket.socket | None:
 
     log = path.with_suffix(".log")
     with open(log, "ab") as err:
-        subprocess.Popen([sys.executable, "-m", "fedpipe.launch", "--serve", str(path)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                         start_new_session=True, close_fds=True)
+        server = subprocess.Popen([sys.executable, "-m", "fedpipe.launch", "--serve", str(path)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                  start_new_session=True, close_fds=True)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         sock = _connect(path)
         if sock is not None:
             return sock
+        if server.poll() is not None and not path.exists():  # it failed to start (see its log)
+            return None
         time.sleep(0.05)
     return None
 
@@ -188,10 +205,18 @@ def _cold(script: str, args: list[str]) -> None:
 def launch(script: str, args: list[str]) -> int:
     """Run ``script`` in a process forked by the warm server (started if needed); return its exit
     code. Falls back to a plain new process when the launcher is off or no server can be had."""
+    try:
+        idle_seconds()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not enabled():
         _cold(script, args)
-    path = socket_path(server_key())
-    sock = _connect(path) or _start_server(path)
+    try:
+        path = socket_path(server_key())
+        sock = _connect(path) or _start_server(path)
+    except OSError:  # no socket folder to be had here: a plain process
+        sock = None
     if sock is None:
         _cold(script, args)
     _ensure_stdio()
@@ -239,7 +264,7 @@ def serve(path: Path) -> dict[str, Any] | None:
         importlib.import_module(name)
     later = list(PRELOAD_LATER)
     stamp = packages_stamp()
-    idle = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE))
+    idle = idle_seconds()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
