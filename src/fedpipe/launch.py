@@ -6,6 +6,8 @@ diffusers takes about 5 s per stage on a 2-core machine, against well under a se
 stage of a smoke study. The launcher removes that cost, as a fork server does (``multiprocessing``'s
 forkserver, nailgun): a background server process imports those third-party libraries once and forks
 a copy of itself for every stage; the copy runs the stage script exactly as ``python script`` would.
+Written by hand: ``multiprocessing``'s forkserver runs functions of the parent program, not a script
+with the caller's descriptors, environment and signals, and no maintained package does that.
 
 What a forked stage gets from the launching command (so that it behaves as a cold start would):
 argv, working directory, the whole environment, umask, CPU affinity, standard input/output/error
