@@ -71,6 +71,14 @@ def test_a_forked_stage_runs_as_a_plain_process_would(tmp_path, env):
     assert again.returncode == 5 and "argv ['5']" in again.stdout and "var b" in again.stdout
 
 
+@pytest.mark.skipif(not Path("/proc/self/comm").exists(), reason="process names are Linux's /proc")
+def test_a_forked_stage_is_named_after_its_script(tmp_path, env):
+    script = tmp_path / "federate.py"
+    script.write_text("print(open('/proc/self/comm').read().strip())\n")
+    proc = run(script, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "federate"
+
+
 def test_an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path, env):
     script = write(tmp_path, "raise ValueError('boom')\n")
     proc = run(script, env=env)

@@ -414,6 +414,7 @@ def run_request(req: dict[str, Any]) -> None:
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
     sys.argv = list(req["argv"])
+    _name_process(Path(sys.argv[0]).stem)
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
         code: int | str | None = 0
@@ -429,6 +430,17 @@ def run_request(req: dict[str, Any]) -> None:
         print(code, file=sys.stderr)
         code = 1
     _exit(code or 0)
+
+
+def _name_process(name: str) -> None:
+    """Name the stage process after its script where ``top`` and ``ps -o comm`` look (Linux's
+    ``PR_SET_NAME``, 15 bytes); its full command line stays the server's."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the name stays the server's
+        pass
 
 
 def _exit(code: int, sig: int | None = None) -> None:
