@@ -26,28 +26,14 @@ import statistics
 import time
 
 import torch
-from _digits import digits_clients, seeded_model_fn
+from _digits import digits_clients, seeded_model_fn, timed_fedavg
 
-from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.fl import Strategy, run_federated
-from fedpipe.tasks import ClassificationTask
+from fedpipe.config.fl import LocalTrainConfig
 
 
 def setup(num_clients: int, hidden: int):
     ds, clients = digits_clients({"scheme": "iid", "num_clients": num_clients})
     return clients, seeded_model_fn(ds, "mlp", hidden=hidden)
-
-
-def timed_run(executor: str, clients, model_fn, local: LocalTrainConfig, rounds: int):
-    """(seconds per round after round 1, seconds of round 1, final weights)."""
-    fl = FLConfig(rounds=rounds, participation=1.0, local=local, eval_every=10**6,
-                  executor=executor)
-    strategy = Strategy(ClassificationTask(), model_fn, local, num_clients=len(clients))
-    ends: list[float] = []
-    t0 = time.perf_counter()
-    res = run_federated(strategy, model_fn(), clients, fl, seed=0, progress=False,
-                        on_round=lambda rec: ends.append(time.perf_counter()))
-    return (ends[-1] - ends[0]) / (rounds - 1), ends[0] - t0, res.state.weights
 
 
 def main() -> None:
@@ -79,8 +65,8 @@ def main() -> None:
         init_s = time.perf_counter() - t
         serial, on_ray, first = [], [], []
         for _ in range(args.repeats):
-            s, _, w_serial = timed_run("serial", clients, model_fn, local, args.rounds)
-            r, r1, w_ray = timed_run("ray", clients, model_fn, local, args.rounds)
+            s, _, w_serial = timed_fedavg("serial", clients, model_fn, local, args.rounds)
+            r, r1, w_ray = timed_fedavg("ray", clients, model_fn, local, args.rounds)
             assert all(torch.equal(w_serial[n], w_ray[n]) for n in w_serial), "not bit-identical"
             serial.append(s)
             on_ray.append(r)

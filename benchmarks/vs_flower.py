@@ -35,10 +35,10 @@ import warnings
 
 import numpy as np
 import torch
-from _digits import digits_clients, seeded_model_fn
+from _digits import digits_clients, seeded_model_fn, timed_fedavg
 
-from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.fl import Strategy, run_federated
+from fedpipe.config.fl import LocalTrainConfig
+from fedpipe.fl import Strategy
 from fedpipe.fl.state import ServerState
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
@@ -59,15 +59,8 @@ def accuracy(model_fn, weights, ds) -> float:
 
 
 def run_fedpipe(ds, clients, model_fn, local, rounds, executor="serial"):
-    fl = FLConfig(rounds=rounds, participation=1.0, local=local, eval_every=10**6,
-                  executor=executor)
-    strategy = Strategy(ClassificationTask(), model_fn, local, num_clients=len(clients))
-    ends: list[float] = []
-    t0 = time.perf_counter()
-    res = run_federated(strategy, model_fn(), clients, fl, seed=SEED, progress=False,
-                        on_round=lambda rec: ends.append(time.perf_counter()))
-    per_round = (ends[-1] - ends[0]) / (rounds - 1)
-    return per_round, ends[0] - t0, accuracy(model_fn, res.state.weights, ds)
+    per_round, first, weights = timed_fedavg(executor, clients, model_fn, local, rounds, seed=SEED)
+    return per_round, first, accuracy(model_fn, weights, ds)
 
 
 def run_flower(ds, clients, model_fn, local, rounds, cpus):
