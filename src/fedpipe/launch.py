@@ -258,6 +258,7 @@ def launch(script: str, args: list[str]) -> int:
 def serve(path: Path) -> dict[str, Any] | None:
     """Import the common libraries, then fork a stage process per request until idle. Returns the
     request in a forked stage process (which then runs it); returns None when the server is done."""
+    server_pid = os.getpid()
     os.environ.setdefault("MPLBACKEND", "Agg")
     import importlib
     import threading
@@ -308,16 +309,13 @@ def serve(path: Path) -> dict[str, Any] | None:
                 os._exit(0)
             conn.close()
     finally:
-        if os.getpid() == _SERVER_PID[0]:
+        if os.getpid() == server_pid:  # not in a forked supervisor or stage
             listener.close()
             try:
                 if os.stat(path).st_ino == ours:
                     path.unlink()
             except FileNotFoundError:
                 pass
-
-
-_SERVER_PID = [0]
 
 
 def _stop_serving(_signum: int, _frame: object) -> None:
@@ -471,7 +469,6 @@ def main(argv: list[str]) -> int:
         print(f"stopped {stop_servers()} launcher server(s)")
         return 0
     if len(argv) >= 2 and argv[0] == "--serve":
-        _SERVER_PID[0] = os.getpid()
         req = serve(Path(argv[1]))
         if req is None:
             return 0
