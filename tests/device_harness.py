@@ -74,11 +74,19 @@ def _tensors(args, kwargs):
 
 class DeviceHarness(TorchFunctionMode):
     """Use as a context manager around a run; see the module docstring. ``sites`` records each
-    fedpipe line that made a tensor (with the device it named), for the tests to inspect."""
+    fedpipe line that made a tensor with a device. ``strict=False`` collects the faults in
+    ``faults`` instead of raising (to survey code that has many)."""
 
-    def __init__(self) -> None:
+    def __init__(self, strict: bool = True) -> None:
         super().__init__()
+        self.strict = strict
         self.sites: set[str] = set()
+        self.faults: set[str] = set()
+
+    def fault(self, message: str) -> None:
+        if self.strict:
+            raise DeviceFault(message)
+        self.faults.add(message)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -86,9 +94,10 @@ class DeviceHarness(TorchFunctionMode):
             site = _fedpipe_site(sys._getframe(1))
             if site is not None:
                 if kwargs.get("device") is None:
-                    raise DeviceFault(f"{site}: torch.{func.__name__}(...) without device= "
-                                      "(on a GPU run this tensor would be on the CPU)")
-                self.sites.add(site)
+                    self.fault(f"{site}: torch.{func.__name__}(...) without device= "
+                               "(on a GPU run this tensor would be on the CPU)")
+                else:
+                    self.sites.add(site)
         else:
             devices = {t.device for t in _tensors(args, kwargs)
                        if t.dim() > 0 or t.device.type != "cpu"}
@@ -96,6 +105,6 @@ class DeviceHarness(TorchFunctionMode):
                 frame, site = sys._getframe(1), None
                 while frame is not None and site is None:
                     site, frame = _fedpipe_site(frame), frame.f_back
-                raise DeviceFault(f"{site}: {getattr(func, '__name__', func)} mixes devices "
-                                  f"{sorted(map(str, devices))}")
+                self.fault(f"{site}: {getattr(func, '__name__', func)} mixes devices "
+                           f"{sorted(map(str, devices))}")
         return func(*args, **kwargs)
