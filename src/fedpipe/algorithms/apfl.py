@@ -123,7 +123,7 @@ class APFL(Strategy):
         """Client's alpha_i (its state's, when adaptive; the configured one otherwise)."""
         if self.cfg.adaptive and "alpha" in client_state:
             return client_state["alpha"]["alpha"]
-        return torch.tensor(self.cfg.alpha, dtype=torch.float64)
+        return torch.tensor(self.cfg.alpha, dtype=torch.float64, device="cpu")  # a host scalar
 
     def personalized_model(self, state: ServerState, client_state: ClientState, data: ClientData,
                            gen: torch.Generator, client_id: int = 0) -> Weights | None:

@@ -36,7 +36,8 @@ class PooledData(ClientData):
     """Several clients' data as one: ``owner`` gives each row's client (0..k-1 in ``skews``' order),
     whose feature skew is applied to its rows of a batch."""
 
-    owner: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    owner: torch.Tensor = field(
+        default_factory=lambda: torch.empty(0, dtype=torch.long, device="cpu"))
     skews: tuple[tuple[str, float], ...] = ()
 
     def batch(self, idx: torch.Tensor, generator: torch.Generator | None = None
@@ -57,7 +58,8 @@ def pool(clients: Sequence[ClientData]) -> ClientData:
     skews = tuple(c.skew for c in clients)
     if len(set(skews)) == 1:
         return ClientData(x, y, skews[0])
-    owner = torch.cat([torch.full((len(c),), k, dtype=torch.long) for k, c in enumerate(clients)])
+    owner = torch.cat([torch.full((len(c),), k, dtype=torch.long, device=x.device)
+                       for k, c in enumerate(clients)])
     return PooledData(x, y, owner=owner, skews=skews)
 
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
+from fedpipe.device import generator_on
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import ClientUpdate, Payload, ServerState, Weights, clone
 from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy
@@ -103,10 +104,11 @@ class CReFF(Strategy):
         head = model.head
         c, d = head.out_features, head.in_features
         counts = torch.bincount(data.y, minlength=c).to(head.weight.dtype)
-        grads = torch.zeros(c, c, d, dtype=head.weight.dtype)
+        grads = torch.zeros(c, c, d, dtype=head.weight.dtype, device=head.weight.device)
+        g = generator_on(gen, head.weight.device)
         for cls in torch.nonzero(counts).flatten().tolist():
             idx = torch.nonzero(data.y == cls).flatten()
-            idx = idx[torch.randperm(len(idx), generator=gen)[: self.cfg.batch_real]]
+            idx = idx[torch.randperm(len(idx), generator=g, device=g.device)[: self.cfg.batch_real]]
             x, y = data.batch(idx, gen)
             with torch.no_grad():
                 z = model.features(x)
@@ -157,9 +159,10 @@ class CReFF(Strategy):
         c, d = sent["head.weight"].shape
         feats = state.extra.get("features", {}).get("x")
         if feats is None:  # first round: F ~ N(0, 1)
-            feats = torch.randn(c * cfg.num_features, d, generator=rnd.generator("creff-features"),
+            g = generator_on(rnd.generator("creff-features"), sent["head.weight"].device)
+            feats = torch.randn(c * cfg.num_features, d, generator=g, device=g.device,
                                 dtype=sent["head.weight"].dtype)
-        labels = torch.arange(c).repeat_interleave(cfg.num_features)
+        labels = torch.arange(c, device=feats.device).repeat_interleave(cfg.num_features)
         feats = feats.detach().clone().requires_grad_(True)
         opt = torch.optim.SGD([feats], lr=cfg.feature_lr)
         w = sent["head.weight"].clone().requires_grad_(True)
@@ -179,9 +182,9 @@ class CReFF(Strategy):
         feats = feats.detach()
         head = {k: v.clone().requires_grad_(True) for k, v in state.extra["retrained_head"].items()}
         ropt = torch.optim.SGD(list(head.values()), lr=cfg.retrain_lr)
-        gen = rnd.generator("creff-retrain")
+        gen = generator_on(rnd.generator("creff-retrain"), feats.device)
         for _ in range(cfg.retrain_epochs):  # classifier re-training on the features
-            order = torch.randperm(len(labels), generator=gen)
+            order = torch.randperm(len(labels), generator=gen, device=gen.device)
             for s in range(0, len(order), cfg.retrain_batch_size):
                 i = order[s:s + cfg.retrain_batch_size]
                 ropt.zero_grad(set_to_none=True)

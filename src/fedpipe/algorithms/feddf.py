@@ -31,6 +31,7 @@ from torch import nn
 
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
+from fedpipe.device import generator_on
 from fedpipe.fl.state import ServerState, Weights
 from fedpipe.fl.strategy import RoundInfo, Strategy, require_server_data
 
@@ -75,7 +76,7 @@ def global_rng_from(gen: torch.Generator) -> Iterator[None]:
     """Seed torch's global RNG from ``gen`` for the duration (restored after): ``nn.Dropout`` (PerAda's
     adapters) draws its masks from the global RNG, which would otherwise make a run depend on what
     ran before it in the process."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -113,9 +114,10 @@ def distill(student: nn.Module, teachers: Sequence[nn.Module], data: ClientData,
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.kd_steps, 1))
     student.train()
     n, done, first, last = len(data), 0, float("nan"), float("nan")
+    g = generator_on(gen, data.x.device)  # the batch order, drawn where the data is
     with global_rng_from(gen):  # the student's dropout masks
         while done < cfg.kd_steps:
-            order = torch.randperm(n, generator=gen)
+            order = torch.randperm(n, generator=g, device=g.device)
             for start in range(0, n, cfg.kd_batch_size):
                 idx = order[start:start + cfg.kd_batch_size]
                 opt.zero_grad(set_to_none=True)

@@ -44,6 +44,7 @@ from torch import nn
 from fedpipe.algorithms.fedavg import KeepsLocalModel
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
+from fedpipe.device import module_device
 from fedpipe.fl.state import ClientState, ClientUpdate, Payload, ServerState, Weights, sum_of
 from fedpipe.fl.strategy import RoundInfo
 from fedpipe.models.prototype import PROTOTYPE_INITS, with_prototype_head
@@ -87,7 +88,7 @@ def class_sums(model: nn.Module, data: ClientData, num_classes: int, gen: torch.
     was_training = model.training
     model.eval()
     dim = model.head.in_features
-    sums = torch.zeros(num_classes, dim)
+    sums = torch.zeros(num_classes, dim, device=module_device(model))
     with torch.inference_mode():
         for x, y in data.batches(EVAL_BATCH, gen, shuffle=False):
             z = F.normalize(model.features(x), dim=1)

@@ -74,15 +74,15 @@ class FedProto(Strategy):
         model = self.scratch_model(self.local_weights(payload.weights, client_state))
         protos = payload.weights[PROTOTYPES]
         num_classes, dim = protos.shape
-        sums = torch.zeros(num_classes, dim)
-        counts = torch.zeros(num_classes)
+        sums = torch.zeros(num_classes, dim, device=protos.device)
+        counts = torch.zeros(num_classes, device=protos.device)
         lam = self.cfg.lam
 
         def objective(m: nn.Module, batch: Batch) -> torch.Tensor:
             x, y = batch
             z = m.features(x)
             sums.index_add_(0, y, z.detach())
-            counts.index_add_(0, y, torch.ones(len(y)))
+            counts.index_add_(0, y, torch.ones(len(y), device=y.device))
             # Eq. 8: CE of the linear classifier + lambda * MSE to the global prototypes
             return F.cross_entropy(m.head.linear(z), y) + lam * F.mse_loss(z, protos[y])
 

@@ -56,6 +56,7 @@ from torch import nn
 
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
+from fedpipe.device import generator_on, module_device
 from fedpipe.fl.local import local_train
 from fedpipe.fl.mtt import (
     DSA_FAMILIES,
@@ -153,7 +154,8 @@ def ptr_penalty(params: dict[str, torch.Tensor], target: Weights, lam: float,
                 ) -> torch.Tensor:
     """sum_j (lambda_j / 2) ||w_[j] - w~_[j]||^2 with lambda_j = lambda / ||w_[j] - w~_[j]|| (or
     lambda_j = lambda when not ``adaptive``); lambda_j detached when ``stop_gradient``."""
-    total = torch.zeros((), dtype=next(iter(params.values())).dtype)
+    first = next(iter(params.values()))
+    total = torch.zeros((), dtype=first.dtype, device=first.device)
     for names in groups:
         sq = sum(((params[n] - target[n]) ** 2).sum() for n in names)
         if adaptive:
@@ -168,15 +170,16 @@ def ptr_penalty(params: dict[str, torch.Tensor], target: Weights, lam: float,
 def noise_images(model: nn.Module, n: int, shape: tuple[int, ...], gen: torch.Generator
                  ) -> torch.Tensor:
     """N(0, 1) in the model's normalised input space (MTT's random init), as raw-space images."""
-    z = torch.randn(n, *shape, generator=gen)
+    g = generator_on(gen, module_device(model))
+    z = torch.randn(n, *shape, generator=g, device=g.device)
     norm = getattr(model, "normalize", None)
     if norm is not None and not getattr(norm, "identity", True):
         z = z * norm.std.view(1, -1, 1, 1) + norm.mean.view(1, -1, 1, 1)
     return z
 
 
-def balanced_labels(num_classes: int, ipc: int) -> torch.Tensor:
-    return torch.arange(num_classes).repeat_interleave(ipc)
+def balanced_labels(num_classes: int, ipc: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.arange(num_classes, device=device).repeat_interleave(ipc)
 
 
 class FedPTRS(Strategy):
@@ -282,7 +285,7 @@ class FedPTRS(Strategy):
             else:  # Alg. 3 line 1: noise images, fixed balanced labels, beta0
                 n, ipc = model.num_classes, self.cfg.ipc
                 x = noise_images(model, n * ipc, model.in_shape, rnd.generator("fedptr-syn-init"))
-                syn = SyntheticSet.create(x, balanced_labels(n, ipc), self.cfg.beta_init)
+                syn = SyntheticSet.create(x, balanced_labels(n, ipc, x.device), self.cfg.beta_init)
             run = self.mtt_due(t, meta.get("last_mtt"))
             syn, proj, metrics = self.mtt_and_project(syn, hist[m], hist[0], run,
                                                       rnd.generator("fedptr-mtt"))
@@ -325,13 +328,14 @@ class FedPTR(FedPTRS):
         model = self.scratch_model_instance()
         n, ipc = model.num_classes, self.cfg.ipc
         x = noise_images(model, n * ipc, tuple(data.x.shape[1:]), gen).to(data.x.dtype)
+        g = generator_on(gen, data.x.device)
         if self.cfg.init == "real":
             for c in range(n):
                 idx = (data.y == c).nonzero().flatten()
                 if len(idx):
-                    pick = idx[torch.randint(len(idx), (ipc,), generator=gen)]
+                    pick = idx[torch.randint(len(idx), (ipc,), generator=g, device=g.device)]
                     x[c * ipc:(c + 1) * ipc] = data.x[pick]
-        return SyntheticSet.create(x, balanced_labels(n, ipc), self.cfg.beta_init)
+        return SyntheticSet.create(x, balanced_labels(n, ipc, x.device), self.cfg.beta_init)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
@@ -352,6 +356,6 @@ class FedPTR(FedPTRS):
         update, metrics = self.regularised_update(payload, proj, data, gen, client_id)
         new_state = {**client_state, "syn": syn.to_group()}
         if last_mtt is not None:
-            new_state["mtt"] = {"last": torch.tensor([last_mtt])}
+            new_state["mtt"] = {"last": torch.tensor([last_mtt], device="cpu")}  # a round number
         metrics = {**metrics, **{k: v for k, v in mtt_metrics.items() if k != "mtt_skipped"}}
         return update, new_state, metrics

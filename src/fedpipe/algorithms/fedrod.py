@@ -90,7 +90,8 @@ class PersonalHead(nn.Module):
         self.linear = None
         if hyper is None:
             self.linear = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
-        self.register_buffer("pi", torch.zeros(head.out_features), persistent=False)
+        self.register_buffer("pi", torch.zeros(head.out_features, device=head.weight.device),
+                             persistent=False)
 
     def weight_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.hyper is not None:

@@ -93,8 +93,9 @@ class GIFAIR(Strategy):
 
     def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
         c = group_coefficients(self.groups(), self.group_losses(state), self.cfg.lam)[client_id]
+        device = next(iter(state.weights.values())).device
         return Payload(round=round_, weights=state.weights, client_id=client_id,
-                       extra={"gifair": {"c": torch.tensor(float(c))}})
+                       extra={"gifair": {"c": torch.tensor(float(c), device=device)}})
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0

@@ -349,16 +349,18 @@ def _pad(items: list[tuple[torch.Tensor, ...]]
     if all(s == b for s in sizes):
         return (tuple(torch.stack(ts) for ts in zip(*items, strict=True)),
                 torch.ones(n, b, device=items[0][0].device))
-    rows = torch.cat([torch.arange(s) + j * b for j, s in enumerate(sizes)])  # real samples' slots
+    device = items[0][0].device
+    rows = torch.cat([torch.arange(s, device=device) + j * b
+                      for j, s in enumerate(sizes)])  # real samples' slots
     out = []
     for ts in zip(*items, strict=True):
         t0 = ts[0]
         full = t0.new_zeros((n * b, *t0.shape[1:]))
-        full[rows.to(t0.device)] = torch.cat(ts)
+        full[rows] = torch.cat(ts)
         out.append(full.view(n, b, *t0.shape[1:]))
-    mask = torch.zeros(n * b)
+    mask = torch.zeros(n * b, device=device)
     mask[rows] = 1.0
-    return tuple(out), mask.view(n, b).to(items[0][0].device)
+    return tuple(out), mask.view(n, b)
 
 
 def _clip_(grads: dict[str, torch.Tensor], max_norm: float) -> None:

@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value
 
+from fedpipe.device import generator_on
+
 Params = dict[str, torch.Tensor]
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
@@ -111,7 +113,7 @@ class SyntheticSet:
 
     @classmethod
     def create(cls, x: torch.Tensor, y: torch.Tensor, beta: float) -> SyntheticSet:
-        b = torch.tensor([beta], dtype=x.dtype)
+        b = torch.tensor([beta], dtype=x.dtype, device=x.device)
         return cls(x, y, b, torch.zeros_like(x), torch.zeros_like(b))
 
     def to_group(self) -> dict[str, torch.Tensor]:
@@ -197,7 +199,8 @@ class DSAParams:
 
 
 def _rand(gen: torch.Generator, *shape: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.rand(*shape, generator=gen).to(dtype=like.dtype)
+    g = generator_on(gen, like.device)  # ``gen`` itself on the CPU; its device stream elsewhere
+    return torch.rand(*shape, generator=g, device=g.device).to(dtype=like.dtype)
 
 
 def _affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -217,9 +220,10 @@ def dsa_color(x, gen, p: DSAParams):
 def dsa_crop(x, gen, p: DSAParams):
     n, _, h, w = x.shape
     sh, sw = int(h * p.ratio_crop_pad + 0.5), int(w * p.ratio_crop_pad + 0.5)
-    dy = torch.randint(-sh, sh + 1, (n,), generator=gen).to(x.dtype)
-    dx = torch.randint(-sw, sw + 1, (n,), generator=gen).to(x.dtype)
-    theta = torch.zeros(n, 2, 3, dtype=x.dtype)
+    g = generator_on(gen, x.device)
+    dy = torch.randint(-sh, sh + 1, (n,), generator=g, device=g.device).to(x.dtype)
+    dx = torch.randint(-sw, sw + 1, (n,), generator=g, device=g.device).to(x.dtype)
+    theta = torch.zeros(n, 2, 3, dtype=x.dtype, device=x.device)
     theta[:, 0, 0] = theta[:, 1, 1] = 1.0
     theta[:, 0, 2] = dx * 2 / max(w - 1, 1)
     theta[:, 1, 2] = dy * 2 / max(h - 1, 1)
@@ -229,10 +233,11 @@ def dsa_crop(x, gen, p: DSAParams):
 def dsa_cutout(x, gen, p: DSAParams):
     n, _, h, w = x.shape
     ch, cw = int(h * p.ratio_cutout + 0.5), int(w * p.ratio_cutout + 0.5)
-    cy = torch.randint(0, h + (1 - ch % 2), (n, 1, 1), generator=gen)
-    cx = torch.randint(0, w + (1 - cw % 2), (n, 1, 1), generator=gen)
-    yy = torch.arange(h).view(1, h, 1)
-    xx = torch.arange(w).view(1, 1, w)
+    g = generator_on(gen, x.device)
+    cy = torch.randint(0, h + (1 - ch % 2), (n, 1, 1), generator=g, device=g.device)
+    cx = torch.randint(0, w + (1 - cw % 2), (n, 1, 1), generator=g, device=g.device)
+    yy = torch.arange(h, device=x.device).view(1, h, 1)
+    xx = torch.arange(w, device=x.device).view(1, 1, w)
     oy, ox = yy - cy + ch // 2, xx - cx + cw // 2  # position inside the box
     inside = (oy >= 0) & (oy < ch) & (ox >= 0) & (ox < cw)
     return x * (~inside).unsqueeze(1).to(x.dtype)
@@ -247,7 +252,7 @@ def dsa_scale(x, gen, p: DSAParams):
     n, r = x.shape[0], p.ratio_scale
     sx = _rand(gen, n, like=x) * (r - 1 / r) + 1 / r
     sy = _rand(gen, n, like=x) * (r - 1 / r) + 1 / r
-    theta = torch.zeros(n, 2, 3, dtype=x.dtype)
+    theta = torch.zeros(n, 2, 3, dtype=x.dtype, device=x.device)
     theta[:, 0, 0], theta[:, 1, 1] = sx, sy
     return _affine(x, theta)
 
@@ -255,7 +260,7 @@ def dsa_scale(x, gen, p: DSAParams):
 def dsa_rotate(x, gen, p: DSAParams):
     n = x.shape[0]
     a = (_rand(gen, n, like=x) - 0.5) * 2 * p.ratio_rotate / 180 * math.pi
-    theta = torch.zeros(n, 2, 3, dtype=x.dtype)
+    theta = torch.zeros(n, 2, 3, dtype=x.dtype, device=x.device)
     theta[:, 0, 0], theta[:, 0, 1] = torch.cos(a), torch.sin(-a)
     theta[:, 1, 0], theta[:, 1, 1] = torch.sin(a), torch.cos(a)
     return _affine(x, theta)
@@ -275,6 +280,6 @@ def make_dsa(strategy: str = "color_crop_cutout_flip_scale_rotate",
     p = params or DSAParams()
 
     def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        i = int(torch.randint(len(families), (1,), generator=gen))
+        i = int(torch.randint(len(families), (1,), generator=gen, device=gen.device))  # host choice
         return DSA_FUNCTIONS[families[i]](x, gen, p)
     return augment

@@ -34,8 +34,8 @@ class Normalize(nn.Module):
                  std: Sequence[float] | None = None) -> None:
         super().__init__()
         self.identity = mean is None and std is None
-        m = torch.as_tensor(mean if mean is not None else (0.0,), dtype=torch.float32).flatten()
-        s = torch.as_tensor(std if std is not None else (1.0,), dtype=torch.float32).flatten()
+        m = torch.as_tensor(mean if mean is not None else (0.0,), dtype=torch.float32, device="cpu").flatten()
+        s = torch.as_tensor(std if std is not None else (1.0,), dtype=torch.float32, device="cpu").flatten()
         for name, t in (("mean", m), ("std", s)):
             if t.numel() not in (1, channels):
                 raise ValueError(f"{name} has {t.numel()} values; expected 1 or {channels}")
@@ -56,7 +56,7 @@ def _feature_dim(body: nn.Module, in_shape: Shape) -> int:
     body.eval()
     try:
         with torch.no_grad():
-            out = body(torch.zeros(1, *in_shape))
+            out = body(torch.zeros(1, *in_shape, device="cpu"))  # a model is built on the CPU
     except (RuntimeError, ValueError) as e:  # e.g. a kernel larger than the feature map
         raise ValueError(f"input shape {tuple(in_shape)} is too small for this model: {e}") from e
     finally:

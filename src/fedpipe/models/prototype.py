@@ -39,7 +39,7 @@ PROTOTYPE_INITS = ("orthogonal", "etf")
 def orthogonal_prototypes(num_classes: int, dim: int) -> torch.Tensor:
     """(C, d) rows from ``torch.nn.init.orthogonal_`` (the official code), renormalised to unit norm
     (they already are when C <= d; for C > d the rows are not orthogonal and are only rescaled)."""
-    w = torch.nn.init.orthogonal_(torch.empty(num_classes, dim))
+    w = torch.nn.init.orthogonal_(torch.empty(num_classes, dim, device="cpu"))  # built on the CPU
     return F.normalize(w, dim=1)
 
 
@@ -51,8 +51,8 @@ def etf_prototypes(num_classes: int, dim: int) -> torch.Tensor:
     if dim < c:
         raise ValueError(f"a simplex ETF of {c} classes needs feature dimension >= {c}, got {dim}; "
                          "use init 'orthogonal'")
-    u, _ = torch.linalg.qr(torch.randn(dim, c))  # (d, C) orthonormal columns
-    centre = torch.eye(c) - torch.full((c, c), 1.0 / c)
+    u, _ = torch.linalg.qr(torch.randn(dim, c, device="cpu"))  # (d, C) orthonormal columns
+    centre = torch.eye(c, device="cpu") - torch.full((c, c), 1.0 / c, device="cpu")
     return math.sqrt(c / (c - 1)) * centre @ u.T
 
 
@@ -66,7 +66,7 @@ class PrototypeHead(nn.Module):
             raise ValueError(f"prototype init {init!r} is not allowed; allowed: {PROTOTYPE_INITS}")
         make = orthogonal_prototypes if init == "orthogonal" else etf_prototypes
         self.weight = nn.Parameter(make(num_classes, feature_dim), requires_grad=False)
-        self.scale = nn.Parameter(torch.tensor(float(scale)))
+        self.scale = nn.Parameter(torch.tensor(float(scale), device="cpu"))
 
     @property
     def in_features(self) -> int:
@@ -107,5 +107,6 @@ def with_distance_head(model: nn.Module) -> nn.Module:
     """``model`` with its linear head wrapped in a :class:`DistanceHead` whose prototypes start as
     U[0, 1) draws (FedProto code: ``torch.rand(dim)`` per class before any client reports)."""
     head = model.head
-    model.head = DistanceHead(head, torch.rand(head.out_features, head.in_features))
+    model.head = DistanceHead(head, torch.rand(head.out_features, head.in_features,
+                                                device=head.weight.device))
     return model

@@ -60,7 +60,7 @@ def aux_counts(sizes: np.ndarray, ratio: float) -> np.ndarray:
 def requested_labels(n: int, class_counts: np.ndarray) -> torch.Tensor:
     """``n`` labels in proportion to ``class_counts`` (largest remainder), sorted by class."""
     per_class = apportion(n, class_counts)
-    return torch.repeat_interleave(torch.arange(len(per_class)), torch.from_numpy(per_class))
+    return torch.repeat_interleave(torch.arange(len(per_class), device="cpu"), torch.from_numpy(per_class))
 
 
 def check_aux(path: str | Path) -> None:
@@ -165,8 +165,8 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
     for _, _, cid, n, y, _ in jobs:  # in client order, whatever order they finished in
         x = samples[cid]
         images.append(x)
-        labels.append(y if y is not None else torch.full((n,), -1, dtype=torch.int64))
-        owner.append(torch.full((n,), cid, dtype=torch.int64))
+        labels.append(y if y is not None else torch.full((n,), -1, dtype=torch.int64, device="cpu"))
+        owner.append(torch.full((n,), cid, dtype=torch.int64, device="cpu"))
         save_figure(out / "grids" / f"client_{cid:03d}.png",
                     plot_grid(x, f"client {cid}: {n} samples ({g.sampler}, {steps} steps)"))
     for cid, n in enumerate(counts.tolist()):

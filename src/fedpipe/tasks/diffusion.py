@@ -160,7 +160,7 @@ class DiffusionTask:
         if labels is None:
             raise ValueError("this DiffusionTask is conditional; sample() needs labels "
                              "(an int64 tensor of length n)")
-        labels = torch.as_tensor(labels)
+        labels = torch.as_tensor(labels, device="cpu")  # moved per batch in sample()
         if labels.shape != (n,) or labels.is_floating_point():
             raise ValueError(f"labels must be an integer tensor of shape ({n},), "
                              f"got {labels.dtype} {tuple(labels.shape)}")
@@ -206,7 +206,7 @@ class DiffusionTask:
         finally:
             model.train(was_training)
         # Concatenated outside inference mode: a normal tensor, usable later as training data.
-        return torch.cat(out) if out else torch.zeros((0, *in_shape))
+        return torch.cat(out) if out else torch.zeros((0, *in_shape), device="cpu")
 
 
 # -------------------------------------------------------------------- EMA of the weights (optional)

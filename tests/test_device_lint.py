@@ -1,0 +1,48 @@
+"""The device rule, read in the code: in ``algorithms/`` and ``fl/`` (where tensors are made during
+rounds) every ``torch.<factory>(...)`` call names its device (``device=...``; ``"cpu"`` where the
+CPU is meant), so a reader sees where each tensor lives, and a new method that forgets fails here
+as well as under the run-time harness (tests/test_device_clean.py, docs/device.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "fedpipe"
+CHECKED = ("algorithms", "fl")
+FACTORIES = {
+    "zeros", "ones", "empty", "full", "arange", "range", "rand", "randn", "randint", "randperm",
+    "tensor", "as_tensor", "asarray", "eye", "linspace", "logspace", "normal", "empty_strided",
+    "scalar_tensor", "tril_indices", "triu_indices", "Generator",
+}
+
+
+def offenders(source: str, filename: str) -> list[str]:
+    """``file:line torch.<factory>`` for each factory call of ``source`` without ``device=``."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                and node.func.attr in FACTORIES
+                and not any(k.arg == "device" for k in node.keywords)):
+            out.append(f"{filename}:{node.lineno} torch.{node.func.attr}")
+    return out
+
+
+def test_the_lint_finds_a_factory_without_device():
+    code = ("import torch\n"
+            "a = torch.zeros(3, device=x.device)\n"
+            "b = torch.randn(2, generator=g)\n"
+            "c = torch.Generator()\n"
+            "d = x.new_zeros(3)\n")
+    assert offenders(code, "m.py") == ["m.py:3 torch.randn", "m.py:4 torch.Generator"]
+
+
+@pytest.mark.parametrize("package", CHECKED)
+def test_every_factory_names_its_device(package):
+    files = sorted((SRC / package).rglob("*.py"))
+    assert files
+    found = [o for f in files for o in offenders(f.read_text(), str(f.relative_to(SRC.parents[1])))]
+    assert not found, "torch factories without device= (docs/device.md):\n" + "\n".join(found)
