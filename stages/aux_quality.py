@@ -1,11 +1,13 @@
-"""DVC stage `aux_quality`: FID of the auxiliary set against the real training set, and (labelled
-sets) the classifier's accuracy per requested class.
+"""DVC stage `aux_quality@<seed>`: FID of replicate <seed>'s auxiliary set against the real training
+set, and (labelled sets) the classifier's accuracy per requested class.
 
-Reads params: seed, dataset, diffusion, warmup, generate, fid; the auxiliary set and data/fid/.
-Writes data/aux_quality/ (metrics, per-class CSV and plot).
+Reads params: dataset, diffusion, generate, fid; data/generate/seed_<seed>/ and the shared data/fid/.
+Writes data/aux_quality/seed_<seed>/ (metrics, per-class CSV and plot).
 """
 
-from fedpipe.cli import run_stage
+import sys
+
+from fedpipe.cli import run_stage, stage_argument
 from fedpipe.config import load_params
 from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.pipeline.skip import skip_if_unused
@@ -13,13 +15,14 @@ from fedpipe.tracking import stage_run
 
 
 def main() -> None:
+    seed = stage_argument(sys.argv, "seed")
     params = load_params()
-    cfg = diffusion_stage_config(params, "aux_quality")  # validates before any data is loaded
-    if skip_if_unused("aux_quality"):  # not used by this study: placeholders only
+    cfg = diffusion_stage_config(params, "aux_quality", seed)  # validates before any data is loaded
+    if skip_if_unused("aux_quality", item={"seed": cfg.seed}):  # not used by this study: placeholders
         return
     # heavy imports (torch, diffusers) only once the stage is known to run
     from fedpipe.pipeline.aux_quality import aux_quality
-    with stage_run("aux_quality", cfg.params_read, cfg.seed) as run:
+    with stage_run(f"aux_quality@{cfg.seed}", cfg.params_read, cfg.seed) as run:
         out = aux_quality(cfg)
         run.log_metrics(out["metrics"])
         run.log_tags({"fid.extractor_name": out["metrics"]["extractor"],

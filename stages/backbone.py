@@ -1,11 +1,11 @@
-"""DVC stage `backbone@<seed>`: PerAda's offline backbone for training seed <seed> of `study.seeds`,
+"""DVC stage `backbone@<seed>`: PerAda's offline backbone for replicate <seed> of `study.seeds`,
 the plain model pretrained by FedAvg on the federation's own data (the paper's Fig. 5 alternative),
 shared by every algorithm of the study with `backbone: fedavg`; a marked placeholder (a second) when
 none has it (data/plan/backbone.json).
 
-Reads params: seed, dataset, model, fl, study, algorithms (their common pretrain_rounds); the
-partition file. Writes data/backbone/seed_<seed>/ (model.safetensors, metrics.json; resume state in
-data/checkpoints/backbone/).
+Reads params: dataset, model, fl, study, algorithms (their common pretrain_rounds); the
+replicate's partition file (data/partition/seed_<seed>/). Writes data/backbone/seed_<seed>/
+(model.safetensors, metrics.json; resume state in data/checkpoints/backbone/).
 """
 
 import sys

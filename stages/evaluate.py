@@ -1,6 +1,7 @@
-"""DVC stage `evaluate`: generic and personalized accuracy of every algorithm and training seed of the
-study, mean ± std over seeds, plots and a comparison table. Reads params: seed, dataset, model, fl,
-study, algorithms; the partition and data/federate/."""
+"""DVC stage `evaluate`: generic and personalized accuracy of every algorithm and replicate of the
+study (each run on its replicate's partition), mean ± std over replicates, plots and a comparison
+table. Reads params: seed (the shared corrupted test sets), dataset, model, study; every replicate's
+partition (data/partition/seed_<seed>/) and data/federate/."""
 
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params

@@ -1,10 +1,11 @@
-"""DVC stage `federate@<algorithm>-<seed>`: federated training of one algorithm of the study with one
-training seed of `study.seeds`.
+"""DVC stage `federate@<algorithm>-<seed>`: federated training of one algorithm of the study in
+replicate <seed> of `study.seeds`.
 
-Reads params: seed, dataset, model, fl, algorithms.<algorithm>; the partition file and, for a method
-that declares server data, data/server_data/; for `backbone: fedavg`, data/backbone/seed_<seed>/
-(the backbone stage). Writes data/federate/<algorithm>/seed_<seed>/ (model,
-personal models, history, per-client accuracies, metrics, curves; resume state in data/checkpoints/).
+Reads params: dataset, model, fl, algorithms.<algorithm>; the replicate's partition
+(data/partition/seed_<seed>/) and, for a method that declares server data,
+data/server_data/seed_<seed>/; for `backbone: fedavg`, data/backbone/seed_<seed>/ (the backbone
+stage). Writes data/federate/<algorithm>/seed_<seed>/ (model, personal models, history, per-client
+accuracies, metrics, curves; resume state in data/checkpoints/).
 """
 
 import sys

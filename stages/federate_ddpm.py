@@ -1,8 +1,9 @@
 """DVC stage `federate_ddpm@<algorithm>-<seed>`: federated training of the DDPM with one algorithm of
 `study.diffusion_algorithms` (FedAvg, FedProx, SCAFFOLD, MoFedSAM, FedDDPM, FedDDPM+).
 
-Reads params: seed, dataset, diffusion, diffusion_fl, fid, algorithms.<algorithm>; the partition, the
-auxiliary set and data/fid/. Writes data/federate_ddpm/<algorithm>/seed_<seed>/ (model, history with
+Reads params: dataset, diffusion, diffusion_fl, fid, algorithms.<algorithm>; replicate <seed>'s
+partition and auxiliary set (data/partition/seed_<seed>/, data/generate/seed_<seed>/) and the shared
+data/fid/. Writes data/federate_ddpm/<algorithm>/seed_<seed>/ (model, history with
 the FID curve, metrics, QuickTest trace, curves and a sample grid; resume state in data/checkpoints/).
 """
 

@@ -1,22 +1,28 @@
-"""DVC stage `partition`: split the training set over clients; write the partition and its statistics.
+"""DVC stage `partition@<seed>`: replicate <seed> of `study.seeds` splits the training set over
+clients with its own seed; writes the partition and its statistics.
 
-Reads params sections: seed, dataset, partition. Writes data/partition/ (see dvc.yaml).
+Reads params sections: dataset, partition (and the replicate's seed, from the stage's name). Writes
+data/partition/seed_<seed>/ (see dvc.yaml).
 """
 
-from fedpipe.cli import run_stage
+import sys
+
+from fedpipe.cli import run_stage, stage_argument
 from fedpipe.config import load_params, partition_stage_config
+from fedpipe.config.stages import replicate_dir
 from fedpipe.data.outputs import partition_and_write
 from fedpipe.tracking import stage_run
 
-OUT = "data/partition"
+OUT = "data/partition"  # fedpipe.pipeline.inputs.PARTITION_DIR
 
 
 def main() -> None:
+    seed = stage_argument(sys.argv, "seed")
     params = load_params()
-    cfg = partition_stage_config(params)  # validates everything before any data is loaded
-    read = {k: params[k] for k in ("seed", "dataset", "partition") if k in params}
-    with stage_run("partition", read, cfg.seed) as run:
-        result = partition_and_write(cfg, OUT)
+    cfg = partition_stage_config(params, seed)  # validates everything before any data is loaded
+    read = {"seed": cfg.seed, **{k: params[k] for k in ("dataset", "partition") if k in params}}
+    with stage_run(f"partition@{cfg.seed}", read, cfg.seed) as run:
+        result = partition_and_write(cfg, replicate_dir(OUT, cfg.seed))
         run.log_file_hashes("output", result.hashes)
         run.log_metrics(result.summary)
         for path in result.plots:

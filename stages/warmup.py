@@ -1,10 +1,14 @@
-"""DVC stage `warmup`: every client trains its own DDPM on its local data (FedDDPM's warm-up).
+"""DVC stage `warmup@<seed>`: in replicate <seed> of `study.seeds`, every client trains its own DDPM
+on its local data (FedDDPM's warm-up), every draw from the replicate's seed.
 
-Reads params: seed, dataset, diffusion, warmup; the partition file. Writes data/warmup/ (one
-checkpoint per client, loss curves, metrics). Resumes at the first unfinished client.
+Reads params: dataset, diffusion, warmup; the replicate's partition file. Writes
+data/warmup/seed_<seed>/ (one checkpoint per client, loss curves, metrics). Resumes at the first
+unfinished client.
 """
 
-from fedpipe.cli import run_stage
+import sys
+
+from fedpipe.cli import run_stage, stage_argument
 from fedpipe.config import load_params
 from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.pipeline.skip import skip_if_unused
@@ -12,13 +16,14 @@ from fedpipe.tracking import stage_run
 
 
 def main() -> None:
+    seed = stage_argument(sys.argv, "seed")
     params = load_params()
-    cfg = diffusion_stage_config(params, "warmup")  # validates before any data is loaded
-    if skip_if_unused("warmup"):  # not used by this study: placeholders only
+    cfg = diffusion_stage_config(params, "warmup", seed)  # validates before any data is loaded
+    if skip_if_unused("warmup", item={"seed": cfg.seed}):  # not used by this study: placeholders
         return
     # heavy imports (torch, diffusers) only once the stage is known to run
     from fedpipe.pipeline.warmup import warmup
-    with stage_run("warmup", cfg.params_read, cfg.seed) as run:
+    with stage_run(f"warmup@{cfg.seed}", cfg.params_read, cfg.seed) as run:
         out = warmup(cfg)
         run.log_per_client("client_final_loss", {c: ls[-1] for c, ls in out.losses.items()})
         run.log_metrics(out.metrics)

@@ -59,9 +59,10 @@ def test_good_config_builds():
     assert cfg.partition.alpha == 0.5 and cfg.dataset.train_size() == 1347
 
 
-def run_stage(tmp_path, params: dict) -> subprocess.CompletedProcess:
+def run_stage(tmp_path, params: dict, seed: str = "0") -> subprocess.CompletedProcess:
+    """``stages/partition.py <seed>``: the stage ``partition@<seed>`` run by hand."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    return subprocess.run([sys.executable, str(REPO_STAGE)], cwd=tmp_path, capture_output=True,
+    return subprocess.run([sys.executable, str(REPO_STAGE), seed], cwd=tmp_path, capture_output=True,
                           text=True, env={**__import__("os").environ, "FEDPIPE_TRACKING": "off"})
 
 
@@ -71,7 +72,7 @@ REPO_STAGE = Path(__file__).resolve().parents[1] / "stages" / "partition.py"
 
 
 def test_stage_exits_2_with_one_line_and_keeps_outputs(tmp_path):
-    out = tmp_path / "data" / "partition"
+    out = tmp_path / "data" / "partition" / "seed_0"
     out.mkdir(parents=True)
     (out / "metrics.json").write_text('{"old": 1}\n')
     proc = run_stage(tmp_path, with_("partition", alpha=-1))
@@ -91,10 +92,11 @@ def test_stage_missing_dataset_exits_2(tmp_path):
 
 
 def test_stage_runs_and_writes_outputs(tmp_path):
-    proc = run_stage(tmp_path, {"seed": 3, "dataset": {"name": "digits"},
-                                "partition": {"scheme": "shards", "num_clients": 8}})
+    proc = run_stage(tmp_path, {"seed": 0, "dataset": {"name": "digits"},
+                                "partition": {"scheme": "shards", "num_clients": 8}}, seed="3")
     assert proc.returncode == 0, proc.stderr
-    out = tmp_path / "data" / "partition"
+    assert [p.name for p in (tmp_path / "data" / "partition").iterdir()] == ["seed_3"]
+    out = tmp_path / "data" / "partition" / "seed_3"
     names = sorted(p.name for p in out.iterdir())
     assert names == ["clients.csv", "heatmap.png", "metrics.json", "partition.safetensors",
                      "sizes.png"]

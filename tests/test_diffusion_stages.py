@@ -96,11 +96,11 @@ def test_stage_declares_only_its_sections():
 
 def test_warmup_stage_bad_input_exit_2_and_outputs_kept(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with({"warmup": {"lr": -1}})))
-    keep = tmp_path / "data" / "warmup" / "models" / "client_000.safetensors"
+    keep = tmp_path / "data" / "warmup" / "seed_0" / "models" / "client_000.safetensors"
     keep.parent.mkdir(parents=True)
     keep.write_bytes(b"finished client")
     env = {**os.environ, "FEDPIPE_TRACKING": "off"}
-    proc = subprocess.run([sys.executable, str(REPO / "stages" / "warmup.py")], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, str(REPO / "stages" / "warmup.py"), "0"], cwd=tmp_path,
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "warmup.lr=-1" in proc.stderr
@@ -256,7 +256,7 @@ def load_dataset_meta(params):
 def test_generate_needs_warmup_models(tiny_partition, tmp_path):
     part_path, params = tiny_partition
     cfg = diffusion_stage_config(params, "generate")
-    with pytest.raises(InputError, match="run `dvc repro warmup`"):
+    with pytest.raises(InputError, match="run `dvc repro warmup@0`"):  # replicate 0's warm-up
         generate(cfg, tmp_path / "gen", tmp_path / "nowhere", part_path, progress=False)
     assert not (tmp_path / "gen" / "aux.safetensors").exists()
 

@@ -739,7 +739,7 @@ def run_script(tmp: Path, script: str, params_text: str, *args: str) -> subproce
 @pytest.mark.parametrize("script,params_text,args,expect", [
     ("federate.py", yaml.safe_dump(params_with("fl.local.lr", INF)), ("fedavg", "0"),
      "fl.local.lr=inf"),
-    ("warmup.py", "seed: 0\ndataset:\n\tname: digits\n", (), "params.yaml"),
+    ("warmup.py", "seed: 0\ndataset:\n\tname: digits\n", ("0",), "params.yaml"),
     ("federate.py", yaml.safe_dump(BASE), ("fedavg", "0"), "dvc repro partition"),
 ])
 def test_stage_script_one_line_exit_2(tmp_path, script, params_text, args, expect):

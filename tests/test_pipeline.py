@@ -51,19 +51,22 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     first = sh(["dvc", "repro"], dst, env)
     algos = yaml.safe_load((dst / "params.yaml").read_text())["study"]["algorithms"]
     study = yaml.safe_load((dst / "params.yaml").read_text())["study"]
-    diffusion_track = {"feature_extractor", "warmup", "generate", "aux_quality", "report"} | {
-        f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
     seeds = study["seeds"]
+    # one partition, warm-up, auxiliary set and server data per replicate; one shared FID extractor
+    per_replicate = {f"{st}@{s}" for st in ("partition", "warmup", "generate", "aux_quality",
+                                             "server_data") for s in seeds}
+    diffusion_track = {"feature_extractor", "report"} | {
+        f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
     classification = {f"federate@{a}-{s}" for a in algos for s in seeds}
     backbone = {f"backbone@{s}" for s in seeds}  # placeholders: no algorithm has backbone: fedavg
-    assert ran(first) == ({"plan", "partition", "server_data", "evaluate"} | classification
+    assert ran(first) == ({"plan", "evaluate"} | per_replicate | classification
                           | diffusion_track | backbone)
     assert all(f"{b}: skipped" in first.stdout for b in backbone)
     report = (dst / "data/report/report.md").read_text()
     assert all(f"| {a} |" in report for a in study["diffusion_algorithms"] + algos)
-    aux = json.loads((dst / "data/aux_quality/metrics.json").read_text())
+    aux = json.loads((dst / f"data/aux_quality/seed_{seeds[0]}/metrics.json").read_text())
     assert aux["samples"] == round(0.1 * 1347) and aux["fid_aux"] > 0
-    assert len(list((dst / "data/warmup/models").glob("client_*.safetensors"))) == 10
+    assert len(list((dst / f"data/warmup/seed_{seeds[0]}/models").glob("client_*.safetensors"))) == 10
     for a in algos:
         fed = json.loads((dst / f"data/federate/{a}/seed_{seeds[0]}/metrics.json").read_text())
         assert fed["rounds"] == 30 and 0.5 < fed["test_accuracy"] <= 1.0
@@ -71,11 +74,11 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     claims = json.loads((dst / "data/report/claims.json").read_text())
     assert claims["summary"]["claims"] == len(claims["claims"]) > 0
     assert any(c["paper"].startswith("FedDDPM") for c in claims["claims"])
-    assert json.loads((dst / "data/server_data/manifest.json").read_text()) == {"kinds": {}}
+    assert json.loads((dst / f"data/server_data/seed_{seeds[0]}/manifest.json").read_text()) == {"kinds": {}}
     ev = json.loads((dst / "data/evaluate/metrics.json").read_text())
     assert set(ev) == set(algos)
     assert "| fedavg |" in (dst / "data/evaluate/comparison.md").read_text()
-    out = dst / "data" / "partition"
+    out = dst / "data" / "partition" / f"seed_{seeds[0]}"
     for name in ("partition.safetensors", "metrics.json", "clients.csv", "heatmap.png",
                  "sizes.png"):
         assert (out / name).is_file(), name
@@ -95,13 +98,13 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     assert {r.data.tags["dvc.stage"] for r in runs} == ran(first) - backbone  # skipped: no run
     parents = {r.data.tags.get("mlflow.parentRunId") for r in runs}
     assert len(parents) == 1 and None not in parents  # one pipeline execution, one parent run
-    (run,) = [r for r in runs if r.data.tags["dvc.stage"] == "partition"]
+    (run,) = [r for r in runs if r.data.tags["dvc.stage"] == f"partition@{seeds[0]}"]
     tags, params = run.data.tags, run.data.params
     head = sh(["git", "rev-parse", "HEAD"], dst, env).stdout.strip()
-    assert tags["mlflow.source.git.commit"] == head and tags["dvc.stage"] == "partition"
+    assert tags["mlflow.source.git.commit"] == head and tags["dvc.stage"] == f"partition@{seeds[0]}"
     from fedpipe.io import md5_file
 
-    assert tags["output.data/partition/partition.safetensors"] == md5_file(
+    assert tags[f"output.data/partition/seed_{seeds[0]}/partition.safetensors"] == md5_file(
         out / "partition.safetensors")
     assert params["partition.scheme"] == "shards" and params["dataset.name"] == "digits"
     assert run.data.metrics["emd_mean"] == pytest.approx(metrics["emd_mean"])
@@ -117,8 +120,8 @@ def test_changing_one_algorithm_reruns_only_that_one(workdir):
     proc = sh(["dvc", "repro"], dst, env)
     # the diffusion track's FedProx reads the same algorithms.fedprox section; server_data reads
     # every algorithm's section (its server_data field) and writes the same manifest again
-    assert ran(proc) == {"plan", "server_data", "federate@fedprox-0", "evaluate", "federate_ddpm@fedprox-0",
-                         "report"}
+    assert ran(proc) == {"plan", "server_data@0", "federate@fedprox-0", "evaluate",
+                         "federate_ddpm@fedprox-0", "report"}
 
 
 def test_changing_fedddpm_server_lr_reruns_only_fedddpm(workdir):
@@ -128,7 +131,7 @@ def test_changing_fedddpm_server_lr_reruns_only_fedddpm(workdir):
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
     # no partition, warm-up, generation; plan and server_data re-run and change nothing downstream
-    assert ran(proc) == {"plan", "server_data", "federate_ddpm@fedddpm-0", "report"}
+    assert ran(proc) == {"plan", "server_data@0", "federate_ddpm@fedddpm-0", "report"}
 
 
 def test_changing_generation_keeps_warmup(workdir):
@@ -139,10 +142,12 @@ def test_changing_generation_keeps_warmup(workdir):
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
     study = params["study"]
-    assert ran(proc) == {"plan", "generate", "aux_quality", "server_data", "report"} | {
+    assert ran(proc) == {"plan", "report"} | {
+        f"{st}@{s}" for st in ("generate", "aux_quality", "server_data") for s in study["seeds"]} | {
         f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
     # no classification method reads the auxiliary set: its runs are not redone
-    assert not ran(proc) & {"partition", "warmup", "feature_extractor", "evaluate"}
+    assert not {s.split("@")[0] for s in ran(proc)} & {"partition", "warmup", "feature_extractor",
+                                                         "evaluate"}
     assert not any(s.startswith("federate@") for s in ran(proc))
 
 
@@ -150,12 +155,12 @@ def test_exp_run_with_hydra_override_gives_new_partition(workdir):
     dst, env = workdir
     sh(["git", "add", "-A"], dst, env)
     sh(["git", "commit", "-qm", "lock", "--allow-empty"], dst, env)
-    before = (dst / "data/partition/partition.safetensors").read_bytes()
-    before_emd = json.loads((dst / "data/partition/metrics.json").read_text())["emd_mean"]
+    before = (dst / "data/partition/seed_0/partition.safetensors").read_bytes()
+    before_emd = json.loads((dst / "data/partition/seed_0/metrics.json").read_text())["emd_mean"]
     sh(["dvc", "exp", "run", "-S", "partition=dirichlet", "-S", "partition.alpha=0.05"], dst, env)
     assert yaml.safe_load((dst / "params.yaml").read_text())["partition"]["alpha"] == 0.05
-    assert (dst / "data/partition/partition.safetensors").read_bytes() != before
-    after_emd = json.loads((dst / "data/partition/metrics.json").read_text())["emd_mean"]
+    assert (dst / "data/partition/seed_0/partition.safetensors").read_bytes() != before
+    after_emd = json.loads((dst / "data/partition/seed_0/metrics.json").read_text())["emd_mean"]
     assert after_emd != before_emd
     show = sh(["dvc", "exp", "show", "--json"], dst, env).stdout
     assert "emd_mean" in show
@@ -170,16 +175,16 @@ def test_classification_only_study_skips_the_diffusion_side(workdir):
     params["study"] = {**params["study"], "algorithms": ["fedavg"], "diffusion_algorithms": []}
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], dst, env)
-    for stage in ("feature_extractor", "warmup", "generate", "aux_quality"):
+    for stage in ("feature_extractor", "warmup@0", "generate@0", "aux_quality@0"):
         assert f"{stage}: skipped" in proc.stdout
     assert json.loads((dst / "data/plan/diffusion.json").read_text()) == {"run": False}
-    assert not list((dst / "data/warmup/models").glob("client_*.safetensors"))
-    assert (dst / "data/warmup/models/SKIPPED.json").is_file()
+    assert not list((dst / "data/warmup/seed_0/models").glob("client_*.safetensors"))
+    assert (dst / "data/warmup/seed_0/models/SKIPPED.json").is_file()
     assert not any(s.startswith("federate_ddpm@") for s in ran(proc))
     assert "| fedavg |" in (dst / "data/report/report.md").read_text()
     bad = subprocess.run([str(BIN / "python"), "-c", "from fedpipe.cli import run_stage; "
                           "from fedpipe.io import load_tensors; "
-                          "run_stage(lambda: load_tensors('data/generate/aux.safetensors'))"],
+                          "run_stage(lambda: load_tensors('data/generate/seed_0/aux.safetensors'))"],
                          cwd=dst, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "was not built" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

@@ -36,9 +36,9 @@ def test_write_plan_writes_the_decision_and_the_track(tmp_path):
 
 
 def test_stage_outputs_reads_every_declared_output(repo_root):
-    outs = stage_outputs("warmup", repo_root / "dvc.yaml")
-    assert outs == ["data/warmup/models", "data/warmup/losses.png", "data/warmup/losses.csv",
-                    "data/warmup/metrics.json"]
+    outs = stage_outputs("warmup", repo_root / "dvc.yaml", {"seed": 2})  # warmup@2, replicate 2
+    assert outs == ["data/warmup/seed_2/models", "data/warmup/seed_2/losses.png",
+                    "data/warmup/seed_2/losses.csv", "data/warmup/seed_2/metrics.json"]
 
 
 @pytest.fixture

@@ -71,7 +71,8 @@ def test_federate_stage_bad_input_exit_2_and_outputs_kept(tmp_path):
     proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg", "x")
     assert proc.returncode == 2 and "seed argument='x'" in proc.stderr
     proc = run(tmp_path, str(REPO / "stages" / "federate.py"), "fedavg", "0")
-    assert proc.returncode == 2 and "data/partition/partition.safetensors" in proc.stderr
+    assert proc.returncode == 2 and "data/partition/seed_0/partition.safetensors" in proc.stderr
+    assert "dvc repro partition@0" in proc.stderr  # the replicate's own partition stage
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -108,22 +109,26 @@ def test_federate_resume_matches_uninterrupted(tmp_path, algorithm):
 
 
 def test_evaluate_over_seeds_with_generic_and_personalized_columns(tmp_path):
-    """Two algorithms x two seeds: seeds.json holds every run, metrics.json their mean and sample std;
-    a method with personal models gets personalized columns, one without does not."""
+    """Two algorithms x two replicates: seeds.json holds every run, metrics.json their mean and sample
+    std; a method with personal models gets personalized columns, one without does not. Each
+    replicate's runs train and are evaluated on that replicate's own partition."""
     from fedpipe.config import partition_stage_config
     from fedpipe.data.outputs import partition_and_write
     from fedpipe.io import read_json
     from fedpipe.pipeline.evaluate import evaluate_study
     from fedpipe.pipeline.federate import federate
+    from fedpipe.pipeline.inputs import partition_file
 
     p = params_with(**{"fl/rounds": 2, "fl/local/epochs": 1,
                        "study/algorithms": ["fedavg", "fedper"], "study/seeds": [0, 3]})
-    partition_and_write(partition_stage_config(p), tmp_path / "partition")
-    part = tmp_path / "partition" / "partition.safetensors"
+    parts = tmp_path / "partition"
+    for s in (0, 3):  # partition@0, partition@3
+        partition_and_write(partition_stage_config(p, s), parts / f"seed_{s}")
+    assert partition_file(0, parts).read_bytes() != partition_file(3, parts).read_bytes()
     cfgs = [train_config(p, a, s) for a in ("fedavg", "fedper") for s in (0, 3)]
     for cfg in cfgs:
-        federate(cfg, tmp_path / "fed", part, progress=False)
-    out = evaluate_study(cfgs, tmp_path / "fed", part, tmp_path / "eval")
+        federate(cfg, tmp_path / "fed", partition_file(cfg.seed, parts), progress=False)
+    out = evaluate_study(cfgs, tmp_path / "fed", parts, tmp_path / "eval")
     seeds = read_json(tmp_path / "eval" / "seeds.json")
     assert set(seeds) == {"fedavg", "fedper"} and set(seeds["fedavg"]) == {"0", "3"}
     a, b = (seeds["fedavg"][s]["test_accuracy"] for s in ("0", "3"))

@@ -218,6 +218,7 @@ class DiffusionStageConfig:
     (``params_read``), so that changing an FL algorithm never re-runs warm-up or generation."""
 
     seed: int
+    """The replicate's seed (per-replicate stages) or the root seed (``feature_extractor``)."""
     dataset: Any
     diffusion: DiffusionConfig
     warmup: WarmupConfig
@@ -235,20 +236,24 @@ STAGE_SECTIONS = {  # each also reads the top-level device and accel
 }
 
 
-def diffusion_stage_config(params: dict[str, Any], stage: str) -> DiffusionStageConfig:
+def diffusion_stage_config(params: dict[str, Any], stage: str, seed: int | str | None = None
+                           ) -> DiffusionStageConfig:
     """Validate all diffusion-track sections (before any data is loaded); record those ``stage``
-    reads."""
+    reads. ``seed``: the replicate of a per-replicate stage (``warmup@<seed>``, ``generate@<seed>``,
+    ``aux_quality@<seed>``), recorded as the ``seed`` it read; None: the root ``seed`` (the shared
+    ``feature_extractor``, or a script run by hand)."""
     from fedpipe.config.dataset import dataset_config
-    from fedpipe.config.stages import check_sections, read_seed
+    from fedpipe.config.stages import check_sections, read_seed, replicate_seed
 
     check_sections(params)
-    seed = read_seed(params)
+    root = read_seed(params)
+    seed = root if seed is None else replicate_seed(seed)
     ds = dataset_config(params.get("dataset"))
     diff = diffusion_config(params.get("diffusion"))
     cfg = DiffusionStageConfig(
         seed=seed, dataset=ds, diffusion=diff, warmup=warmup_config(params.get("warmup")),
         generate=generate_config(params.get("generate")), fid=fid_config(params.get("fid")),
-        params_read={k: params.get(k) for k in STAGE_SECTIONS[stage]})
+        params_read={k: seed if k == "seed" else params.get(k) for k in STAGE_SECTIONS[stage]})
     check_diffusion_track(ds, diff, cfg.fid, cfg.generate)
     device = device_config(params)  # last: the cheap checks name their keys first
     cfg = replace(cfg, device=device, params_read={**cfg.params_read,

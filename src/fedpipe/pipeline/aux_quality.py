@@ -7,7 +7,9 @@
   requested class (``per_class.csv``, ``per_class.png``); unlabelled, ``per_class.csv`` has no rows
   and ``per_class.png`` says why.
 
-A separate stage from ``generate`` so that changing FID settings never re-samples A.
+A separate stage from ``generate`` so that changing FID settings never re-samples A. One per replicate
+(``aux_quality@<r>``, scoring ``data/generate/seed_<r>``); the extractor and its reference statistics
+are shared by all replicates.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import torch
 from fedpipe.config.diffusion import DiffusionStageConfig, check_diffusion_models
 from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, save_figure, write_csv, write_json
-from fedpipe.pipeline.diffusion import AUX_FILE, AUX_QUALITY_DIR, FID_DIR
+from fedpipe.pipeline.diffusion import AUX_QUALITY_DIR, FID_DIR, aux_file
 from fedpipe.pipeline.feature_extractor import check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.generate import check_aux, load_aux
+from fedpipe.pipeline.inputs import replicate_dir
 from fedpipe.rng import numpy_rng
 from fedpipe.tasks import ClassificationTask
 
@@ -75,15 +78,18 @@ def per_class_rows(acc: np.ndarray, counts: np.ndarray, class_names: list[str]) 
             if counts[c] > 0 and not np.isnan(acc[c])]
 
 
-def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path = AUX_QUALITY_DIR,
-                aux_path: str | Path = AUX_FILE, fid_dir: str | Path = FID_DIR) -> dict:
-    out = Path(out_dir)
+def aux_quality(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
+                aux_path: str | Path | None = None, fid_dir: str | Path = FID_DIR) -> dict:
+    """Score replicate ``cfg.seed``'s auxiliary set (by default ``data/generate/seed_<seed>``, into
+    ``data/aux_quality/seed_<seed>``) with the shared feature extractor (``data/fid``)."""
+    out = Path(out_dir or replicate_dir(AUX_QUALITY_DIR, cfg.seed))
+    aux_path = aux_path or aux_file(cfg.seed)
     check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
-    check_aux(aux_path)  # every input is readable before any compute
+    check_aux(aux_path, cfg.seed)  # every input is readable before any compute
     check_fid_inputs(fid_dir)
     ds = load_dataset(cfg.dataset)
     tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir, cfg.device.torch)
-    aux = load_aux(aux_path)
+    aux = load_aux(aux_path, cfg.seed)
     n = len(aux.images)
     bs = cfg.fid.batch_size
     metrics: dict = {"extractor": tools.fid.name, "samples": n,

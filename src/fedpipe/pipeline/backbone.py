@@ -1,7 +1,7 @@
-"""The backbone stage: PerAda's offline backbone (the paper's Fig. 5 alternative to ImageNet weights),
-the plain model trained by FedAvg on the federation's own clients, once per training seed, for every
-algorithm of the study with ``backbone: fedavg`` (``perada`` and ``perada_nokd`` share it); the
-federate stages load it from ``data/backbone/seed_<seed>/model.safetensors``
+"""The backbone stage: PerAda's offline backbone (the paper's Fig. 5 alternative to ImageNet weights), the
+plain model trained by FedAvg on the federation's own clients, once per replicate (its seed, on its
+partition), for every algorithm of the study with ``backbone: fedavg`` (``perada`` and ``perada_nokd`` share
+it); the federate stages load it from ``data/backbone/seed_<seed>/model.safetensors``
 (:func:`fedpipe.pipeline.federate.backbone_of`), and DVC caches it.
 
 Its settings are defined once: ``model``, ``fl``, ``dataset`` and the training seed as every federate
@@ -25,7 +25,6 @@ from fedpipe.fl import RunResult, Strategy, run_federated
 from fedpipe.fl.state import Weights
 from fedpipe.io import md5_file, save_tensors, write_json
 from fedpipe.pipeline.common import (
-    PARTITION_PATH,
     TrainConfig,
     clients_of,
     fingerprint_of,
@@ -33,7 +32,7 @@ from fedpipe.pipeline.common import (
     make_model,
     train_config,
 )
-from fedpipe.pipeline.inputs import BACKBONE_DIR, backbone_path, checkpoint_dir
+from fedpipe.pipeline.inputs import BACKBONE_DIR, backbone_path, checkpoint_dir, partition_file
 from fedpipe.rng import torch_seed
 from fedpipe.tasks import ClassificationTask
 
@@ -88,13 +87,15 @@ def pretrain_backbone(cfg: TrainConfig, rounds: int, ds, clients: list[ClientDat
 
 
 def build_backbone(bcfg: BackboneConfig, out_root: str | Path = BACKBONE_DIR,
-                   partition_path: str | Path = PARTITION_PATH, progress: bool = True
+                   partition_path: str | Path | None = None, progress: bool = True
                    ) -> dict[str, Any]:
-    """Run the backbone stage for ``bcfg.train.seed``: write ``model.safetensors`` and
-    ``metrics.json`` under ``<out_root>/seed_<seed>``; return metrics, inputs and outputs."""
+    """Run the backbone stage for replicate ``bcfg.train.seed`` on its partition (by default
+    ``data/partition/seed_<seed>``): write ``model.safetensors`` and ``metrics.json`` under
+    ``<out_root>/seed_<seed>``; return metrics, inputs and outputs."""
     cfg = bcfg.train
     path = backbone_path(cfg.seed, out_root)
-    part = load_partition(partition_path)
+    partition_path = partition_path or partition_file(cfg.seed)
+    part = load_partition(partition_path, cfg.seed)
     ds = load_dataset(cfg.dataset)
     clients = [c.to(cfg.device.torch) for c in clients_of(ds, part)]
     weights, result = pretrain_backbone(cfg, bcfg.rounds, ds, clients,

@@ -9,20 +9,21 @@ from typing import Any
 import torch
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
-from fedpipe.config import ConfigError, DatasetConfig, dataset_config
+from fedpipe.config import DatasetConfig, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.device import DeviceConfig, device_config, device_params
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
 from fedpipe.config.models import check_model  # noqa: F401  (re-exported)
-from fedpipe.config.stages import check_sections, read_seed
+from fedpipe.config.stages import check_sections, read_seed, replicate_seed
 from fedpipe.data import Dataset
 from fedpipe.models import build_model
 from fedpipe.pipeline.inputs import (  # noqa: F401  (re-exported: the training stages' inputs)
-    PARTITION_PATH,
+    PARTITION_DIR,
     clients_of,
     code_version,
     fingerprint_of,
     load_partition,
+    partition_file,
 )
 from fedpipe.rng import torch_seed
 
@@ -31,8 +32,10 @@ FEDERATE_DIR = "data/federate"
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What a federate run reads. ``seed`` is the run's training seed (one of ``study.seeds``: model
-    init, client selection, local training); the partition comes from the root ``seed``."""
+    """What a federate run reads. ``seed`` is the run's replicate (one of ``study.seeds``): it draws
+    the model init, client selection and local training, and the run reads the replicate's own
+    partition (``data/partition/seed_<seed>``), server data and backbone. The root ``seed``
+    (``params_read["seed"]``) seeds only what replicates share (docs/replicates.md)."""
 
     seed: int
     dataset: DatasetConfig
@@ -46,13 +49,7 @@ class TrainConfig:
     """Where the run computes (top-level ``device`` and ``accel``)."""
 
 
-def parse_run_seed(run_seed: int | str) -> int:
-    """A stage's seed argument (one of ``study.seeds``)."""
-    if isinstance(run_seed, str):
-        if not run_seed.isdigit():
-            raise ConfigError("seed argument", run_seed, "an integer >= 0 (one of study.seeds)")
-        run_seed = int(run_seed)
-    return run_seed
+parse_run_seed = replicate_seed  # a stage's seed argument (one of ``study.seeds``)
 
 
 def train_config(params: dict, algorithm: str, run_seed: int | str | None = None) -> TrainConfig:
@@ -91,6 +88,7 @@ def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:
         return ALGORITHMS[cfg.algorithm].adapt_model(model, cfg.algo_cfg)
 
 
-def fingerprint(cfg: TrainConfig, partition_path: str | Path = PARTITION_PATH) -> str:
-    """Identifies a federate run: its params, its partition and the code version."""
-    return fingerprint_of(cfg.params_read, partition_path)
+def fingerprint(cfg: TrainConfig, part_path: str | Path | None = None) -> str:
+    """Identifies a federate run: its params, its partition (by default its replicate's) and the code
+    version."""
+    return fingerprint_of(cfg.params_read, part_path or partition_file(cfg.seed))

@@ -11,14 +11,21 @@ from fedpipe.config.device import AccelConfig
 from fedpipe.config.diffusion import DiffusionConfig
 from fedpipe.data import DatasetMeta
 from fedpipe.models.unet import NoisePredictor, build_unet
+from fedpipe.pipeline.inputs import replicate_dir
 from fedpipe.rng import torch_seed
 from fedpipe.tasks.diffusion import DiffusionTask
 
-FID_DIR = Path("data/fid")
+FID_DIR = Path("data/fid")  # shared by every replicate (from the root ``seed``)
+# per replicate r of ``study.seeds``: <root>/seed_<r> (fedpipe.pipeline.inputs.replicate_dir)
 WARMUP_DIR = Path("data/warmup")
 GENERATE_DIR = Path("data/generate")
 AUX_QUALITY_DIR = Path("data/aux_quality")
-AUX_FILE = GENERATE_DIR / "aux.safetensors"
+AUX_NAME = "aux.safetensors"
+
+
+def aux_file(seed: int, root: str | Path = GENERATE_DIR) -> Path:
+    """The auxiliary set of replicate ``seed`` (the ``generate@<seed>`` stage's output)."""
+    return replicate_dir(root, seed) / AUX_NAME
 
 
 def make_task(cfg: DiffusionConfig, accel: AccelConfig | None = None) -> DiffusionTask:

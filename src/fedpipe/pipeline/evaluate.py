@@ -27,13 +27,14 @@ from fedpipe.metrics import (
 )
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
-    PARTITION_PATH,
+    PARTITION_DIR,
     TrainConfig,
     clients_of,
     load_partition,
     make_model,
 )
 from fedpipe.pipeline.federate import load_personal, run_dir
+from fedpipe.pipeline.inputs import partition_file
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)
@@ -318,11 +319,14 @@ def mean_over_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, float]:
 
 
 def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_DIR,
-                   partition_path: str | Path = PARTITION_PATH,
+                   partition_dir: str | Path = PARTITION_DIR,
                    out_dir: str | Path = EVALUATE_DIR) -> EvaluateOutputs:
-    """Evaluate the final models of every run (``cfgs``: one per algorithm and training seed):
-    ``seeds.json`` {algorithm: {seed: metrics}}, ``metrics.json`` {algorithm: mean and std over
-    seeds}, per-client accuracies (``clients.csv``), plots and the comparison table."""
+    """Evaluate the final models of every run (``cfgs``: one per algorithm and replicate), each on
+    its replicate's partition (``<partition_dir>/seed_<seed>/partition.safetensors``: the clients'
+    local test splits and training class counts): ``seeds.json`` {algorithm: {seed: metrics}}
+    (arms of one replicate pair by seed), ``metrics.json`` {algorithm: mean and std over
+    replicates}, per-client accuracies (``clients.csv``), plots and the comparison table. The test
+    set and its corrupted copies (from the root ``seed``) are shared by all replicates."""
     out, fed = Path(out_dir), Path(federate_dir)
     for cfg in cfgs:
         if not (run_dir(fed, cfg.algorithm, cfg.seed) / "model.safetensors").is_file():
@@ -330,10 +334,13 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
                               f"an algorithm with a trained model in "
                               f"{run_dir(fed, cfg.algorithm, cfg.seed)} "
                               f"(run `dvc repro federate@{cfg.algorithm}-{cfg.seed}`)")
-    part = load_partition(partition_path)
+    parts = {s: load_partition(partition_file(s, partition_dir), s)
+             for s in dict.fromkeys(cfg.seed for cfg in cfgs)}
     ds = load_dataset(cfgs[0].dataset)
-    local_tests = clients_of(ds, part, "test")
-    train_counts = train_class_counts([c.y for c in clients_of(ds, part)], ds.meta.num_classes)
+    local_tests = {s: clients_of(ds, part, "test") for s, part in parts.items()}
+    train_counts = {s: train_class_counts([c.y for c in clients_of(ds, part)], ds.meta.num_classes)
+                    for s, part in parts.items()}
+    part = next(iter(parts.values()))  # scheme and client count: the same in every replicate
     task = ClassificationTask()
     study = cfgs[0].study
     corrupted = (corrupted_test_sets(ds, study.corruptions, study.severities,
@@ -345,7 +352,8 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     rows, history = [], []
     for cfg in cfgs:
         run = run_dir(fed, cfg.algorithm, cfg.seed)
-        m, generic, own = evaluate_run(cfg, run, ds, local_tests, task, train_counts, corrupted)
+        m, generic, own = evaluate_run(cfg, run, ds, local_tests[cfg.seed], task,
+                                       train_counts[cfg.seed], corrupted)
         seeds.setdefault(cfg.algorithm, {})[cfg.seed] = m
         shown = own if own is not None else generic
         per_client[cfg.algorithm] = np.concatenate([per_client.get(cfg.algorithm, np.empty(0)),

@@ -1,4 +1,5 @@
-"""The federate stage: train one algorithm of the study with one training seed on the partition, with
+"""The federate stage: train one algorithm of the study in one replicate (its seed, one of
+``study.seeds``) on that replicate's partition, with
 checkpoints and resume; write the final global model, the clients' own models (methods that have
 them), the per-round history (CSV for `dvc plots`), the per-client accuracies of every evaluated
 round (``clients.csv``: generic and personalized, so sigma_acc is a curve too) and final metrics."""
@@ -27,14 +28,19 @@ from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client
 from fedpipe.models.adapters import load_backbone
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
-    PARTITION_PATH,
     TrainConfig,
     clients_of,
     fingerprint_of,
     load_partition,
     make_model,
 )
-from fedpipe.pipeline.inputs import BACKBONE_DIR, backbone_path, checkpoint_dir
+from fedpipe.pipeline.inputs import (
+    BACKBONE_DIR,
+    backbone_path,
+    checkpoint_dir,
+    partition_file,
+    replicate_dir,
+)
 from fedpipe.pipeline.server_data import SERVER_DATA_DIR, check_server_data, load_server_data
 from fedpipe.tasks import ClassificationTask
 
@@ -213,20 +219,23 @@ def backbone_of(cfg: TrainConfig, backbone_dir: str | Path = BACKBONE_DIR
 
 
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
-             partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
+             partition_path: str | Path | None = None, stop_after: int | None = None,
              on_round: Callable[[dict[str, float]], None] | None = None,
-             progress: bool = True, server_data_dir: str | Path = SERVER_DATA_DIR,
+             progress: bool = True, server_data_dir: str | Path | None = None,
              backbone_dir: str | Path = BACKBONE_DIR) -> FederateOutputs:
-    """Run the federate stage for ``cfg.algorithm`` with training seed ``cfg.seed`` into
+    """Run the federate stage for ``cfg.algorithm`` in replicate ``cfg.seed`` into
     ``<out_root>/<algorithm>/seed_<seed>``; resumes from its checkpoint
-    (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`) if present. A method
-    that declares server data gets it from ``server_data_dir`` (the ``server_data`` stage); one with
-    ``backbone: fedavg`` its backbone from ``backbone_dir`` (the ``backbone`` stage)."""
+    (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`) if present. By default it reads the
+    replicate's partition (``data/partition/seed_<seed>``); a method that declares server data gets
+    it from ``server_data_dir`` (default ``data/server_data/seed_<seed>``, the ``server_data@<seed>``
+    stage); one with ``backbone: fedavg`` its backbone from ``backbone_dir`` (``backbone@<seed>``)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
-    part = load_partition(partition_path)
+    partition_path = partition_path or partition_file(cfg.seed)
+    server_data_dir = server_data_dir or replicate_dir(SERVER_DATA_DIR, cfg.seed)
+    part = load_partition(partition_path, cfg.seed)
     kind = ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg)
     if kind != "none":  # every input is readable before any compute
-        check_server_data(kind, server_data_dir)
+        check_server_data(kind, server_data_dir, f"server_data@{cfg.seed}")
     ds = load_dataset(cfg.dataset)
     device = cfg.device.torch  # everything below lives there (on the CPU: as it always did)
     clients = [c.to(device) for c in clients_of(ds, part)]
@@ -248,7 +257,7 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     server_data = None
     kind = strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":
-        server_data = load_server_data(kind, cfg.algorithm, server_data_dir)
+        server_data = load_server_data(kind, cfg.algorithm, server_data_dir, f"server_data@{cfg.seed}")
         server_data = replace(server_data, data=server_data.data.to(device))
         if kind == "aux" and not server_data.labelled:
             raise ConfigError("diffusion.conditional", False,

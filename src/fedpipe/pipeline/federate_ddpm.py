@@ -50,10 +50,10 @@ from fedpipe.config.stages import check_sections, read_seed
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import ServerData, run_federated
 from fedpipe.io import md5_file, save_figure, write_json
-from fedpipe.pipeline.common import PARTITION_PATH, clients_of, load_partition, parse_run_seed
+from fedpipe.pipeline.common import clients_of, load_partition, parse_run_seed
 from fedpipe.pipeline.diffusion import (
-    AUX_FILE,
     FID_DIR,
+    aux_file,
     make_task,
     make_unet,
     params_fingerprint,
@@ -61,7 +61,7 @@ from fedpipe.pipeline.diffusion import (
 from fedpipe.pipeline.feature_extractor import FIDTools, check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.federate import plot_history, run_dir, save_run
 from fedpipe.pipeline.generate import check_aux, load_aux, plot_grid, requested_labels
-from fedpipe.pipeline.inputs import checkpoint_dir
+from fedpipe.pipeline.inputs import checkpoint_dir, partition_file
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask
 
@@ -87,8 +87,10 @@ class DDPMTrainConfig:
 def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> DDPMTrainConfig:
     """Validate every section the federate_ddpm stage of ``algorithm`` reads (before loading data).
 
-    ``run_seed`` (one of ``study.seeds``) seeds the federated run (model init, sampling, local
-    training, FID samples); the partition, warm-up and auxiliary set come from the root ``seed``.
+    ``run_seed`` (one of ``study.seeds``) is the run's replicate: it seeds the federated run (model
+    init, sampling, local training, FID samples), which reads that replicate's partition and auxiliary
+    set (``data/partition/seed_<run_seed>``, ``data/generate/seed_<run_seed>``); only the FID
+    extractor (``data/fid``, from the root ``seed``) is shared by all replicates.
     """
     check_sections(params)
     read_seed(params)
@@ -139,17 +141,20 @@ def fid_of(task: DiffusionTask, tools: FIDTools, cfg: DDPMTrainConfig, class_cou
 
 
 def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR,
-                  partition_path: str | Path = PARTITION_PATH, aux_path: str | Path = AUX_FILE,
+                  partition_path: str | Path | None = None, aux_path: str | Path | None = None,
                   fid_dir: str | Path = FID_DIR, stop_after: int | None = None,
                   on_round: Callable[[dict[str, float]], None] | None = None,
                   progress: bool = True) -> dict:
-    """Run the federate_ddpm stage for ``cfg.algorithm``; resumes from its checkpoint
+    """Run the federate_ddpm stage for ``cfg.algorithm`` in replicate ``cfg.seed`` (by default on its
+    partition and auxiliary set); resumes from its checkpoint
     (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
-    part = load_partition(partition_path)
+    partition_path = partition_path or partition_file(cfg.seed)
+    aux_path = aux_path or aux_file(cfg.seed)
+    part = load_partition(partition_path, cfg.seed)
     check_fid_inputs(fid_dir)  # every input is readable before any compute
     if ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg) != "none":
-        check_aux(aux_path)
+        check_aux(aux_path, cfg.seed)
     ds = load_dataset(cfg.dataset)
     device = cfg.device.torch
     clients = [c.to(device) for c in clients_of(ds, part)]  # batches drawn where they train
@@ -170,7 +175,7 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
     inputs = {str(partition_path): md5_file(partition_path)}
     server_data, kind = None, strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":
-        aux = load_aux(aux_path)
+        aux = load_aux(aux_path, cfg.seed)
         labels = aux.labels if kind == "aux" else torch.full_like(aux.labels, -1)
         server_data = ServerData(kind, ClientData(aux.images, labels).to(device),
                                  bool((labels >= 0).all()),

@@ -5,10 +5,10 @@ The per-client counts use largest-remainder rounding of round(ratio * m) over th
 total is exact. With class conditioning, client i's rows are labelled in proportion to its own class
 counts (again largest remainder), so A is labelled.
 
-Outputs (all atomic): ``aux.safetensors`` (``images`` float32 in [0, 1], ``labels`` int64, -1 when
-unconditional, ``client`` int64 per row), ``sources.json`` (which client produced which rows),
-``grids/client_XXX.png`` (a sample grid per client) and ``metrics.json``.
-"""
+Outputs (all atomic), for replicate r of ``study.seeds`` (the stage ``generate@<r>``: replicate r's partition
+and warm-up models, every draw from r) in ``data/generate/seed_<r>/``: ``aux.safetensors`` (``images`` float32
+in [0, 1], ``labels`` int64, -1 when unconditional, ``client`` int64 per row), ``sources.json`` (which client
+produced which rows), ``grids/client_XXX.png`` (a sample grid per client) and ``metrics.json``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.state import all_finite
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_json
 from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet
-from fedpipe.pipeline.inputs import PARTITION_PATH, check_input, load_partition
+from fedpipe.pipeline.inputs import check_input, load_partition, partition_file, replicate_dir
 from fedpipe.pipeline.warmup import client_path
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
 from fedpipe.rng import torch_generator
@@ -63,16 +63,17 @@ def requested_labels(n: int, class_counts: np.ndarray) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(per_class), device="cpu"), torch.from_numpy(per_class))
 
 
-def check_aux(path: str | Path) -> None:
+def check_aux(path: str | Path, seed: int | None = None) -> None:
     """The auxiliary set at ``path`` is there and readable (InputError naming `dvc repro
-    generate` otherwise); the stages that read it call this before any compute."""
-    check_input(path, "generate", AUX_KEYS)
+    generate@<seed>` otherwise, ``seed`` its replicate); the stages that read it call this before
+    any compute."""
+    check_input(path, "generate" if seed is None else f"generate@{seed}", AUX_KEYS)
 
 
-def load_aux(path: str | Path) -> AuxSet:
+def load_aux(path: str | Path, seed: int | None = None) -> AuxSet:
     from fedpipe.io import read_metadata
 
-    check_aux(path)
+    check_aux(path, seed)
     t = load_tensors(path)
     return AuxSet(t["images"], t["labels"], t["client"], read_metadata(path, META_KEY) or {})
 
@@ -102,13 +103,13 @@ def _sample_client(job: tuple, device: torch.device | str = "cpu") -> tuple[int,
     if not all_finite(weights):
         raise DivergenceError(f"generate: client {cid}'s warm-up model {path} holds non-finite "
                               "weights (its warm-up diverged); nothing is written. Run "
-                              "`dvc repro warmup` with a lower warmup.lr or a warmup.grad_clip")
+                              f"`dvc repro warmup@{cfg.seed}` with a lower warmup.lr or a warmup.grad_clip")
     model = make_unet(cfg.diffusion, meta, cfg.seed, "warmup-init", cid)
     try:
         model.load_state_dict(weights)
     except RuntimeError as e:  # other shapes: a model of other params
         raise InputError(path, f"not a model of these diffusion params ({str(e).splitlines()[0]})",
-                         "warmup") from None
+                         f"warmup@{cfg.seed}") from None
     model.to(device)
     x = make_task(cfg.diffusion, cfg.device.accel).sample(model, n, labels=y, sampler=g.sampler, steps=steps,
                                         generator=torch_generator(cfg.seed, "generate", cid),
@@ -116,23 +117,26 @@ def _sample_client(job: tuple, device: torch.device | str = "cpu") -> tuple[int,
     if not bool(torch.isfinite(x).all()):  # never a non-finite sample set
         raise DivergenceError(f"generate: client {cid}'s warm-up model gave non-finite samples "
                               f"({g.sampler}, {steps} steps); nothing is written. Its warm-up "
-                              "model is unusable: run `dvc repro warmup` with a lower warmup.lr "
+                              f"model is unusable: run `dvc repro warmup@{cfg.seed}` with a lower warmup.lr "
                               "or a warmup.grad_clip")
     return cid, x
 
 
-def generate(cfg: DiffusionStageConfig, out_dir: str | Path = GENERATE_DIR,
-             warmup_dir: str | Path = WARMUP_DIR, partition_path: str | Path = PARTITION_PATH,
+def generate(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
+             warmup_dir: str | Path | None = None, partition_path: str | Path | None = None,
              progress: bool = True) -> dict:
-    """Sample the auxiliary set from the warm-up models; returns the stage metrics."""
-    out = Path(out_dir)
+    """Sample the auxiliary set from the warm-up models; returns the stage metrics. By default it
+    reads and writes replicate ``cfg.seed``'s files (``data/{partition,warmup,generate}/seed_<seed>``)."""
+    out = Path(out_dir or replicate_dir(GENERATE_DIR, cfg.seed))
+    warmup_dir = warmup_dir or replicate_dir(WARMUP_DIR, cfg.seed)
+    partition_path = partition_path or partition_file(cfg.seed)
     check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
-    part = load_partition(partition_path)
+    part = load_partition(partition_path, cfg.seed)
     g = cfg.generate
     counts = aux_counts(part.sizes(), g.ratio)
     for cid, n in enumerate(counts.tolist()):  # every input is readable before any compute
         if n > 0:
-            check_input(client_path(Path(warmup_dir) / "models", cid), "warmup")
+            check_input(client_path(Path(warmup_dir) / "models", cid), f"warmup@{cfg.seed}")
     ds = load_dataset(cfg.dataset)
     device = cfg.device.torch
     steps = cfg.diffusion.num_train_timesteps if g.sampler == "ddpm" else g.ddim_steps

@@ -8,6 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from fedpipe.config.stages import replicate_dir
 from fedpipe.data import ClientData, Dataset, Partition, client_data
 from fedpipe.io import (  # noqa: F401  (re-exported: the stages' input checks)
     check_input,
@@ -16,21 +17,29 @@ from fedpipe.io import (  # noqa: F401  (re-exported: the stages' input checks)
     set_aside,
 )
 
-PARTITION_PATH = "data/partition/partition.safetensors"
+PARTITION_DIR = "data/partition"
 BACKBONE_DIR = "data/backbone"
+
+
+def partition_file(seed: int, root: str | Path = PARTITION_DIR) -> Path:
+    """The ``partition@<seed>`` stage's partition file: ``<root>/seed_<seed>/partition.safetensors``."""
+    return replicate_dir(root, seed) / "partition.safetensors"
 
 
 def backbone_path(seed: int, root: str | Path = BACKBONE_DIR) -> Path:
     """The ``backbone`` stage's output for training seed ``seed`` (PerAda's ``backbone: fedavg``):
     ``<root>/seed_<seed>/model.safetensors``."""
-    return Path(root) / f"seed_{seed}" / "model.safetensors"
+    return replicate_dir(root, seed) / "model.safetensors"
 
 
 PARTITION_KEYS = ("train_indices", "train_offsets", "test_indices", "test_offsets")
 
 
-def load_partition(path: str | Path = PARTITION_PATH) -> Partition:
-    check_input(path, "partition", PARTITION_KEYS, "fedpipe.partition")
+def load_partition(path: str | Path, seed: int | None = None) -> Partition:
+    """The partition file at ``path``; ``seed``: its replicate (the error names `dvc repro
+    partition@<seed>`)."""
+    check_input(path, "partition" if seed is None else f"partition@{seed}", PARTITION_KEYS,
+                "fedpipe.partition")
     return Partition.load(path)
 
 
@@ -60,8 +69,11 @@ def fingerprint_of(params: dict, *files: str | Path) -> str:
 
 def checkpoint_dir(out_root: str | Path, *parts: str) -> Path:
     """Where a stage keeps its resume state: ``<out_root's parent>/checkpoints/<out_root's name>/
-    <parts>`` (``data/checkpoints/federate/<algo>/seed_<s>`` by default). Not a DVC output: every
+    <parts>`` (``data/checkpoints/federate/<algo>/seed_<s>`` by default; for a replicate's folder
+    ``data/warmup/seed_<r>``: ``data/checkpoints/warmup/seed_<r>/<parts>``). Not a DVC output: every
     output of a training stage is then cached, so ``dvc exp apply`` restores it and DVC's run-cache
     restores an earlier params' result instead of recomputing it. Git-ignored like all of data/."""
     root = Path(out_root)
+    if root.name.startswith("seed_") and root.parent.name:  # a replicate's folder (replicate_dir):
+        root, parts = root.parent, (root.name, *parts)  # data/checkpoints/warmup/seed_<r>/...
     return root.parent / "checkpoints" / root.name / Path(*parts)

@@ -3,7 +3,8 @@
 DVC runs every stage of ``dvc.yaml``; a study that compares classification methods only (a paper's
 smoke study) must not pay for the diffusion warm-up. The cheap ``plan`` stage reads ``study`` and
 ``algorithms`` and writes one small file per decision; the stages it gates depend on that file, not on
-the study, so changing the study's seeds or methods re-runs them only when the decision changes.
+the study, so changing the study's methods re-runs them only when the decision changes (a new seed
+adds its own replicate's stages, ``warmup@<seed>`` ...; the others stay cached).
 
 - ``data/plan/diffusion.json`` = ``{"run": bool}``: whether the diffusion side (``feature_extractor``,
   ``warmup``, ``generate``, ``aux_quality``) is used. It is, when ``study.diffusion_algorithms`` is

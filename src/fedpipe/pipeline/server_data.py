@@ -3,9 +3,11 @@
 A method declares what it needs in its config (``server_data``: ``none``, ``aux`` or ``distill``; see
 :data:`fedpipe.fl.SERVER_DATA_KINDS`) and the pipeline provides it without naming methods: the
 ``server_data`` stage looks at the study's classification algorithms, and for each kind one of them
-needs writes ``data/server_data/<kind>.safetensors`` from the auxiliary set the diffusion track
+needs writes, for replicate r of ``study.seeds`` (the stage ``server_data@<r>``),
+``data/server_data/seed_<r>/<kind>.safetensors`` from replicate r's auxiliary set the diffusion track
 generated (``aux``: as generated, labelled when the warm-up was class-conditional; ``distill``: the
-same images, labels dropped). The ``federate`` stages depend on that folder, so a change of the
+same images, labels dropped; ``holdout`` and ``public`` come from the dataset split every replicate
+shares). The ``federate@<algorithm>-<r>`` stages depend on their replicate's folder, so a change of the
 generation re-runs only the runs that read it: for a study whose methods need nothing the folder
 holds just its manifest, which does not change.
 """
@@ -89,10 +91,11 @@ def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
     return manifest
 
 
-def check_server_data(kind: str, root: str | Path = SERVER_DATA_DIR) -> None:
-    """The server data of ``kind`` is there and readable (InputError otherwise); called before any
-    compute by the federate stage of a method that declares it."""
-    check_input(Path(root) / f"{kind}.safetensors", "server_data", ("images", "labels"))
+def check_server_data(kind: str, root: str | Path = SERVER_DATA_DIR, stage: str = "server_data"
+                      ) -> None:
+    """The server data of ``kind`` is there and readable (InputError naming `dvc repro <stage>`
+    otherwise); called before any compute by the federate stage of a method that declares it."""
+    check_input(Path(root) / f"{kind}.safetensors", stage, ("images", "labels"))
 
 
 def public_split(params: dict[str, Any]):
@@ -114,10 +117,11 @@ def public_split(params: dict[str, Any]):
     return other.train
 
 
-def load_server_data(kind: str, who: str, root: str | Path = SERVER_DATA_DIR) -> ServerData:
-    """The server data of ``kind`` written by the ``server_data`` stage (``who`` needs it)."""
+def load_server_data(kind: str, who: str, root: str | Path = SERVER_DATA_DIR,
+                     stage: str = "server_data") -> ServerData:
+    """The server data of ``kind`` written by the stage ``stage`` into ``root`` (``who`` needs it)."""
     path = Path(root) / f"{kind}.safetensors"
-    check_server_data(kind, root)
+    check_server_data(kind, root, stage)
     t = load_tensors(path)
     labelled = bool((t["labels"] >= 0).all())
     manifest = Path(root) / MANIFEST

@@ -1,8 +1,9 @@
 """The warmup stage (FedDDPM Sec. VI-A, "warm-up"): every client trains its own DDPM on its local data
 for ``warmup.epochs`` epochs, from its own seeded initialisation, before any FL round.
 
-Outputs ``data/warmup/models/client_XXX.safetensors`` (one checkpoint per client: the EMA weights when
-``diffusion.ema_decay`` is set), ``losses.csv`` (client, epoch, mean epoch loss), ``losses.png`` and
+Outputs, for replicate r of ``study.seeds`` (the stage ``warmup@<r>``, on replicate r's partition, every draw
+from r), ``data/warmup/seed_<r>/models/client_XXX.safetensors`` (one checkpoint per client: the EMA weights
+when ``diffusion.ema_decay`` is set), ``losses.csv`` (client, epoch, mean epoch loss), ``losses.png`` and
 ``metrics.json``.
 
 Clients are independent, so on the CPU they train side by side in ``FEDPIPE_WORKERS`` processes of one
@@ -11,12 +12,11 @@ nothing from a second thread). Each client draws from its own seeded streams and
 thread also when run in this process, so the checkpoints are the same, bit for bit, whatever the
 number of processes or cores (tested).
 
-Resumable: each client's checkpoint is written atomically to ``data/checkpoints/warmup/models/`` (not a
-DVC output, so DVC's run-cache works for this stage) as soon as that client finishes, tagged
-with a fingerprint of the params the stage reads and of the partition file. A killed warm-up restarts
-at the first client without a matching checkpoint; a checkpoint from other params is redone. When
-every client is done, their checkpoints are copied to ``data/warmup/models/``.
-"""
+Resumable: each client's checkpoint is written atomically to ``data/checkpoints/warmup/seed_<r>/models/`` (not
+a DVC output, so DVC's run-cache works for this stage) as soon as that client finishes, tagged with a
+fingerprint of the params the stage reads and of the partition file. A killed warm-up restarts at the first
+client without a matching checkpoint; a checkpoint from other params is redone. When every client is done,
+their checkpoints are copied to ``data/warmup/seed_<r>/models/``."""
 
 from __future__ import annotations
 
@@ -57,7 +57,13 @@ from fedpipe.pipeline.diffusion import (
     make_unet,
     params_fingerprint,
 )
-from fedpipe.pipeline.inputs import PARTITION_PATH, checkpoint_dir, clients_of, load_partition
+from fedpipe.pipeline.inputs import (
+    checkpoint_dir,
+    clients_of,
+    load_partition,
+    partition_file,
+    replicate_dir,
+)
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask, ema_step_hook, ema_weights, make_ema
@@ -185,20 +191,23 @@ def _train_client_job(job: tuple) -> tuple[int, dict[str, torch.Tensor], list[fl
     return cid, weights, client_losses
 
 
-def warmup(cfg: DiffusionStageConfig, out_dir: str | Path = WARMUP_DIR,
-           partition_path: str | Path = PARTITION_PATH, stop_after: int | None = None,
+def warmup(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
+           partition_path: str | Path | None = None, stop_after: int | None = None,
            progress: bool = True, workers: int | None = None) -> WarmupOutputs:
     """Train (or resume) every client's warm-up DDPM. ``stop_after``: stop after training that many
     clients in this call (simulates an interruption; used by tests). ``workers``: processes that
     train clients side by side on the CPU, one thread each (default :func:`worker_count`, from
-    ``FEDPIPE_WORKERS``); 1 trains them one after the other in this process."""
-    out = Path(out_dir)
+    ``FEDPIPE_WORKERS``); 1 trains them one after the other in this process. By default it reads
+    and writes replicate ``cfg.seed``'s files (``data/partition/seed_<seed>``,
+    ``data/warmup/seed_<seed>``)."""
+    out = Path(out_dir or replicate_dir(WARMUP_DIR, cfg.seed))
+    partition_path = partition_path or partition_file(cfg.seed)
     check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)  # before any data loads
     models_dir = out / "models"
     resume_dir = checkpoint_dir(out, "models")  # each finished client, as soon as it is done
     resume_dir.mkdir(parents=True, exist_ok=True)
     keep_on_interrupt(f"every finished client's warm-up model kept in {resume_dir}")
-    part = load_partition(partition_path)
+    part = load_partition(partition_path, cfg.seed)
     ds = load_dataset(cfg.dataset)
     clients = clients_of(ds, part)
     task = make_task(cfg.diffusion, cfg.device.accel)

@@ -1,0 +1,216 @@
+"""Replicates of the whole experiment (docs/replicates.md): replicate r of ``study.seeds`` draws its own
+partition, initial models, warm-up DDPMs, auxiliary set, server data and training streams from r;
+replicate 0 is the run the pipeline made before replicates existed (root seed 0, ``study.seeds: [0]``),
+bit for bit; adding a seed to ``study.seeds`` runs only the new replicate's stages under DVC."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fedpipe.config import partition_stage_config
+from fedpipe.data.outputs import partition_and_write
+from fedpipe.io import load_tensors
+from fedpipe.pipeline.inputs import partition_file
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+
+# Recorded from the code before replicates (main at 37e1f45), on the CPU with one torch thread: the
+# default partition (root seed 0; its MD5 is the one dvc.lock held for data/partition/partition.safetensors),
+# the root-seed-1 partition, a 2-round FedAvg run with training seed 0 on the seed-0 partition, and a
+# tiny warm-up and auxiliary set (4 IID clients, T = 10, 1 epoch) from root seed 0.
+BEFORE = {
+    "partition_seed0": "bcb52ae5e6e210ffc7f2a84bc4e9d693a352d54e93bc954bd812bdce121490d6",
+    "partition_seed1": "df326e0c6abcea385581b63064f56dfdcb441e46cfcb425ffff4ca3fa1deebb3",
+    "federate_fedavg_seed0_model": "0d64bb7fd4a3b123dc1f495c72624f63190a635a5e48e527683dc3ebeb6b52c1",
+    "partition_tiny_iid_seed0": "1249b32b7a844307f9972fd59074e9c39a7966e49dd3d03e375296f6b723bb0e",
+    "warmup_client0_tensors": "19756956b016f7434dd2e9faf118b48359b70c8cc22f297492ac6bc3224a076c",
+    "generate_aux_tensors": "63caaf1038dc4c030f7b8294ad529959967d30f61943aee66e0e505606ea3324",
+}
+
+
+def with_(params: dict, **changes) -> dict:
+    p = json.loads(json.dumps(params))
+    for dotted, value in changes.items():
+        node = p
+        *head, last = dotted.split("/")
+        for k in head:
+            node = node[k]
+        node[last] = value
+    return p
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tensors_sha(path: Path) -> str:
+    """The tensors of a safetensors file (not its metadata, which holds a code-version fingerprint)."""
+    t = load_tensors(path)
+    h = hashlib.sha256()
+    for k in sorted(t):
+        h.update(k.encode())
+        h.update(t[k].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the fixture's thread count: float sums are bit-identical only at it
+    yield
+    torch.set_num_threads(before)
+
+
+def test_replicate_zero_is_the_run_before_replicates(tmp_path, one_thread):
+    """partition@0, federate@fedavg-0, warmup@0 and generate@0 write, bit for bit, what the root-seed
+    pipeline wrote for its default run; the root seed no longer moves a replicate's partition."""
+    from fedpipe.config.diffusion import diffusion_stage_config
+    from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.federate import federate
+    from fedpipe.pipeline.generate import generate
+    from fedpipe.pipeline.warmup import warmup
+
+    parts = tmp_path / "partition"
+    for root_seed in (0, 7):  # the root seed seeds only what replicates share
+        partition_and_write(partition_stage_config(with_(PARAMS, seed=root_seed), 0),
+                            parts / f"root{root_seed}" / "seed_0")
+        assert sha(partition_file(0, parts / f"root{root_seed}")) == BEFORE["partition_seed0"]
+    partition_and_write(partition_stage_config(PARAMS, 1), parts / "seed_1")
+    assert sha(partition_file(1, parts)) == BEFORE["partition_seed1"]  # the seed-1 draw of before
+
+    p = with_(PARAMS, **{"fl/rounds": 2, "fl/local/epochs": 1})
+    cfg = train_config(p, "fedavg", 0)
+    federate(cfg, tmp_path / "fed", partition_file(0, parts / "root0"), progress=False)
+    assert sha(tmp_path / "fed/fedavg/seed_0/model.safetensors") == BEFORE["federate_fedavg_seed0_model"]
+
+    q = json.loads(json.dumps(PARAMS))
+    for section, values in {"partition": {"scheme": "iid", "num_clients": 4},
+                            "diffusion": {"num_train_timesteps": 10},
+                            "warmup": {"epochs": 1, "batch_size": 64},
+                            "generate": {"ratio": 0.05, "sampler": "ddpm"}}.items():
+        q[section] = {**q.get(section, {}), **values}
+    q["partition"].pop("shards_per_client", None)
+    dp = tmp_path / "dpart"
+    partition_and_write(partition_stage_config(q, 0), dp / "seed_0")
+    assert sha(partition_file(0, dp)) == BEFORE["partition_tiny_iid_seed0"]
+    warmup(diffusion_stage_config(q, "warmup", 0), tmp_path / "warmup", partition_file(0, dp),
+           progress=False, workers=1)
+    assert tensors_sha(tmp_path / "warmup/models/client_000.safetensors") == BEFORE["warmup_client0_tensors"]
+    generate(diffusion_stage_config(q, "generate", 0), tmp_path / "gen", tmp_path / "warmup",
+             partition_file(0, dp), progress=False)
+    assert tensors_sha(tmp_path / "gen/aux.safetensors") == BEFORE["generate_aux_tensors"]
+
+
+def test_each_replicate_draws_its_own_partition_and_warmup(tmp_path):
+    """Replicates 0 and 1 get different partitions and different warm-up initialisations; a
+    replicate's stage config records its own seed, whatever the root seed."""
+    from fedpipe.config.diffusion import diffusion_stage_config
+    from fedpipe.data import load_dataset
+    from fedpipe.pipeline.diffusion import make_unet
+
+    for r in (0, 1):
+        partition_and_write(partition_stage_config(with_(PARAMS, seed=5), r), tmp_path / f"seed_{r}")
+    a, b = (load_tensors(partition_file(r, tmp_path)) for r in (0, 1))
+    assert not torch.equal(a["train_indices"], b["train_indices"])
+    cfgs = [diffusion_stage_config(with_(PARAMS, seed=5), "warmup", r) for r in (0, 1)]
+    assert [c.seed for c in cfgs] == [0, 1] and [c.params_read["seed"] for c in cfgs] == [0, 1]
+    assert diffusion_stage_config(with_(PARAMS, seed=5), "feature_extractor").seed == 5  # shared
+    meta = load_dataset(cfgs[0].dataset).meta
+    w0, w1 = (next(iter(make_unet(c.diffusion, meta, c.seed, "warmup-init", 0).parameters()))
+              for c in cfgs)
+    assert not torch.equal(w0, w1)
+
+
+# -- DVC: adding a replicate runs only its stages -----------------------------------------------------
+STAND_IN = """\
+import os, sys
+from pathlib import Path
+import yaml
+from fedpipe.cli import matrix_values
+from fedpipe.pipeline.skip import stage_outputs
+
+stage = os.environ["DVC_STAGE"]
+name = stage.split("@")[0]
+spec = yaml.safe_load(Path("dvc.yaml").read_text())["stages"][name]
+keys = list(spec.get("matrix") or {})
+item = dict(zip(keys, matrix_values(stage, len(keys)))) if keys else None
+for out in stage_outputs(name, "dvc.yaml", item):
+    path = Path(out)
+    if path.suffix:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(stage + "\\n")
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "made_by.txt").write_text(stage + "\\n")
+"""
+
+
+def pipeline_copy(dst: Path, seeds: list[int]) -> dict:
+    """The project's dvc.yaml with its code deps dropped: the real partition and plan stages, every other
+    stage a stand-in that writes its declared outputs (named after the stage); params.yaml with a small
+    study."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, spec in stages.items():
+        spec["deps"] = [d for d in spec.get("deps", [])
+                        if not str(d).startswith(("src/", "stages/"))]
+        if not spec["deps"]:
+            del spec["deps"]
+        spec["cmd"] = (f"{sys.executable} {REPO / 'stages' / name}.py" if name in ("partition", "plan")
+                       else f"{sys.executable} stand_in.py")
+    (dst / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    (dst / "stand_in.py").write_text(STAND_IN)
+    params = with_(PARAMS, **{"study/algorithms": ["fedavg", "fedprox"],
+                              "study/diffusion_algorithms": ["fedavg"], "study/seeds": seeds})
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"),
+            "DVC_NO_ANALYTICS": "1", "HOME": str(dst), "FEDPIPE_TRACKING": "off",
+            "OMP_NUM_THREADS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+@pytest.mark.slow
+def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent))
+    env = pipeline_copy(tmp_path, [0])
+
+    def run(*cmd: str) -> str:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    def repro() -> set[str]:
+        return {ln.split("'")[1] for ln in run(dvc, "repro").splitlines()
+                if ln.startswith("Running stage '")}
+
+    run("git", "init", "-q")
+    run(dvc, "init", "-q")
+    first = repro()
+    assert {"partition@0", "warmup@0", "generate@0", "aux_quality@0", "server_data@0",
+            "backbone@0", "federate@fedavg-0", "federate@fedprox-0", "federate_ddpm@fedavg-0",
+            "feature_extractor", "evaluate", "report", "plan"} == first
+    assert sha(tmp_path / "data/partition/seed_0/partition.safetensors") == BEFORE["partition_seed0"]
+    assert repro() == {"plan"}  # always_changed; nothing else
+
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["study"]["seeds"] = [0, 1]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    new = {"partition@1", "warmup@1", "generate@1", "aux_quality@1", "server_data@1", "backbone@1",
+           "federate@fedavg-1", "federate@fedprox-1", "federate_ddpm@fedavg-1"}
+    # evaluate and report aggregate over replicates; the shared feature extractor stays cached
+    assert repro() == new | {"plan", "evaluate", "report"}
+    assert sha(tmp_path / "data/partition/seed_1/partition.safetensors") == BEFORE["partition_seed1"]
+    # the new replicate read its own upstream files (the stand-ins name the stage that wrote them)
+    assert (tmp_path / "data/server_data/seed_1/made_by.txt").read_text() == "server_data@1\n"
+
+    # dropping the seed again: replicate 0 is still cached, nothing of it re-runs
+    params["study"]["seeds"] = [0]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert not {s for s in repro() if s.endswith("@0") or s.endswith("-0")}
