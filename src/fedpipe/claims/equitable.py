@@ -18,7 +18,7 @@ scales down; the direction holds in all eight columns of Tables 2-3 unless said)
 1. Equitable-FL's σ_Acc is below FedProx's (Tables 2-3, all 8 settings; MNIST MLP 1.17 vs 2.26):
    both readings, and the round-averaged curve (Fig. 4).
 2. Equitable-FL's accuracy is above FedProx's (Tables 2-3: best in 6 of 8, MNIST 97.75 vs 96.97).
-   Encoded as the paper states it ("higher"), so a tie within noise reads "not held"; the report
+   Encoded as the paper states it ("higher"), so a tie within noise reads "not shown"; the report
    shows the difference and its SE.
 3. Equitable-FL's client disagreement CD is below FedProx's throughout training (Fig. 3).
 4. The activation clustering recovers the planted groups: NMI "close to 1" (Fig. 2). The paper gives
