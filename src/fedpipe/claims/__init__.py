@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from scipy import stats
 
+from fedpipe.config.fl import PAPER_KEYS  # the names study.papers takes, one module each
+
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
 
@@ -67,8 +69,6 @@ DIRECTIONS = ("lower", "higher", "match")
 STATUSES = ("held", "not shown", "contradicted", "not judged", "not evaluated")
 FACT_STATUSES = ("true", "false", "not evaluated")
 OPS = {"lower": "lt", "higher": "gt", "match": "match"}
-PAPER_KEYS = ("fedddpm", "baselines", "fedptr", "equitable", "fednh", "perada")
-"""The names ``study.papers`` takes, one per module of this package."""
 
 RULE = ("Each claim is judged over ≥ 3 replicates (study.seeds): d = the difference in the claimed "
         "direction, paired by replicate where both arms share them (SE = std(d)/√n, df = n − 1), "

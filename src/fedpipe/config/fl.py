@@ -13,6 +13,9 @@ from fedpipe.config.core import ConfigError, build, check, check_finite_tree, on
 OPTIMIZERS = ("sgd", "adam")
 AGGREGATIONS = ("weighted", "uniform")
 EXECUTORS = ("serial", "batched", "ray")
+PAPER_KEYS = ("fedddpm", "baselines", "fedptr", "equitable", "fednh", "perada")
+"""The papers ``study.papers`` names: one module of ``fedpipe.claims`` each (defined here, so that
+validating a study does not import the claims)."""
 
 
 @dataclass(frozen=True)
@@ -160,13 +163,11 @@ class StudyConfig:
     corruptions: list[str] = field(default_factory=list)
     severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     papers: list[str] | None = None
-    """The papers whose claims the report judges (``fedpipe.claims.PAPER_KEYS``); null: those whose
+    """The papers whose claims the report judges (:data:`PAPER_KEYS`); null: those whose
     arms the study runs (``fedpipe.claims.study_papers``)."""
 
     def validate(self, p: str) -> None:
         if self.papers is not None:
-            from fedpipe.claims import PAPER_KEYS
-
             check(isinstance(self.papers, list), f"{p}.papers", self.papers,
                   "null or a list of " + ", ".join(PAPER_KEYS))
             for name in self.papers:
