@@ -306,6 +306,7 @@ def test_claims_json_records_and_facts_apart():
     metrics = claims_metrics(results)
     assert metrics["summary"] == {"claims": 2, "held": 1, "not_shown": 0, "contradicted": 0,
                                   "not_judged": 0, "not_evaluated": 1, "facts": 1}
+    assert metrics["papers"] == {"Paper (X 2020)": metrics["summary"]}
     assert metrics["held"] == {"paper/fid/m-lt-b": True, "paper/test_accuracy/m-gt-b": False}
     assert metrics["facts"] == {"paper/share/m-lt-b": True}
     assert metrics["claims"] == records[:2] and metrics["fact_records"][0]["fact"] is True

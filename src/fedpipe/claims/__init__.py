@@ -41,9 +41,9 @@ every replicate (``false`` otherwise, ``not evaluated`` with an arm missing). Fa
 the claims and never counted among them.
 
 Outputs: :func:`claims_metrics` is the content of ``data/report/claims.json``: ``summary`` (counts
-per status), ``held`` (claim key -> bool, one column per claim in ``dvc metrics show`` / ``dvc exp
-show``), ``facts`` (fact key -> bool), ``claims`` and ``fact_list`` (the records). DVC's metrics
-reader drops lists, hence the mappings.
+per status), ``papers`` (the counts per paper), ``held`` (claim key -> bool, one column per claim in
+``dvc metrics show`` / ``dvc exp show``), ``facts`` (fact key -> bool), ``claims`` and
+``fact_records`` (the records). DVC's metrics reader drops lists, hence the mappings.
 """
 
 from __future__ import annotations
@@ -498,11 +498,13 @@ def _by_paper(results: Iterable[ClaimResult]) -> dict[str, list[ClaimResult]]:
 
 
 def claims_metrics(results: Iterable[ClaimResult]) -> dict[str, Any]:
-    """The content of ``claims.json``: ``summary``, ``held`` {claim key: bool}, ``facts`` {fact key:
-    bool}, ``claims`` and ``fact_records`` (the lists)."""
+    """The content of ``claims.json``: ``summary``, ``papers`` (the summary per paper), ``held`` {claim
+    key: bool}, ``facts`` {fact key: bool}, ``claims`` and ``fact_records`` (the lists)."""
     results = list(results)
     claims = [r for r in results if not r.claim.fact]
     facts = [r for r in results if r.claim.fact]
-    return {"summary": summary(results), "held": {r.claim.key: r.held for r in claims},
+    return {"summary": summary(results),
+            "papers": {paper: summary(rs) for paper, rs in _by_paper(results).items()},
+            "held": {r.claim.key: r.held for r in claims},
             "facts": {r.claim.key: r.held for r in facts},
             "claims": claims_json(claims), "fact_records": claims_json(facts)}
