@@ -164,6 +164,8 @@ def test_ties_and_zero_se_never_hold():
     assert constant.mean_diff == 20 and constant.se == 0 and constant.status == "not shown"
     same_gap = judge(HIGHER, {"m": seeds(2, 3, 4), "b": seeds(1, 2, 3)})
     assert same_gap.status == "not shown" and not same_gap.held
+    rounding = judge(HIGHER, {"m": seeds(0.1 + 0.2, 0.3, 0.3), "b": seeds(0.1, 0.1, 0.1)})
+    assert rounding.se == 0 and rounding.status == "not shown"  # 0.30000000000000004: still a tie
     match_tie = judge(MATCH, {"m": seeds(10, 10, 10), "b": seeds(10, 10, 10)})
     assert match_tie.status == "not shown" and not match_tie.held
     zero_mean = judge(LOWER, {"m": seeds(1, 2, 3), "b": seeds(2, 1, 3)})  # d = 1, -1, 0: t = 0

@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
 
 MIN_SEEDS = 3
+SE_ZERO = 1e-12
+"""An SE below this fraction of the largest value is 0 (a constant difference up to rounding)."""
 ALPHA = 0.05
 TRACKS = ("diffusion", "classification")
 DIRECTIONS = ("lower", "higher", "match")
@@ -315,7 +317,9 @@ def judge(claim: Claim, values: Values) -> ClaimResult:
                else f"unpaired, {len(m)} and {len(b)} replicates")
         return ClaimResult(claim, "not judged", m, b, **common,
                            reason=f"{why}; a claim is judged over at least {MIN_SEEDS} replicates")
-    if se == 0:
+    scale = max(abs(x) for x in (*m.values(), *b.values()))
+    if se <= SE_ZERO * scale:  # rounding noise of a constant difference is no spread either
+        common["se"] = 0.0
         return ClaimResult(claim, "not shown", m, b, **common, reason=(
             "SE = 0: every replicate gives the same difference, so there is no test; never held "
             "by itself"))
