@@ -5,15 +5,16 @@ the claims table (each paper's headline claims judged over the training seeds), 
 Reads params: seed, dataset, partition, study, algorithms (for PerAda's Table 1 rows);
 data/federate_ddpm/<algorithm>/seed_<seed>/,
 data/evaluate/metrics.json and data/evaluate/seeds.json.
-Writes data/report/ (report.md, fid_curves.png, metrics.json, claims.json); logs the summaries, each
-claim's verdict (claims/<key>/held, mean_diff, se) and the files to MLflow.
+Writes data/report/ (report.md, claims.md, fid_curves.png, metrics.json, claims.json); logs the
+summaries, each claim's verdict (claims/<key>/held, mean_diff, se, p_holm) and the files to MLflow,
+and the claims table (claims.md) to the study's parent run (artifact claims/claims.md).
 """
 
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params, partition_stage_config
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
-from fedpipe.pipeline.report import build_report
+from fedpipe.pipeline.report import REPORT_DIR, build_report
 from fedpipe.tracking import stage_run
 
 
@@ -29,10 +30,12 @@ def main() -> None:
             run.log_metrics({f"{algo}.{k}": v for k, v in s.items()})
         for r in out.claims:
             run.log_metrics({f"claims/{r.claim.key}/{k}": v for k, v in
-                             (("held", float(r.held)), ("mean_diff", r.mean_diff), ("se", r.se))
+                             (("held", float(r.held)), ("mean_diff", r.mean_diff), ("se", r.se),
+                              ("p_holm", r.p_holm))
                              if v is not None})
         for p in out.plots:
             run.log_artifact(p, "report")
+        run.log_parent_artifact(REPORT_DIR / "claims.md", "claims")  # the study's claims table
     print(out.text)
 
 

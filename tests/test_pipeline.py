@@ -74,6 +74,8 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     claims = json.loads((dst / "data/report/claims.json").read_text())
     assert claims["summary"]["claims"] == len(claims["claims"]) > 0
     assert any(c["paper"].startswith("FedDDPM") for c in claims["claims"])
+    assert {c["paper"].split()[0] for c in claims["claims"]} <= {"FedDDPM", "SCAFFOLD", "FedDyn", "FedDC"}
+    assert "| paper | claim |" in (dst / "data/report/claims.md").read_text()  # the claims table alone
     assert json.loads((dst / f"data/server_data/seed_{seeds[0]}/manifest.json").read_text()) == {"kinds": {}}
     ev = json.loads((dst / "data/evaluate/metrics.json").read_text())
     assert set(ev) == set(algos)

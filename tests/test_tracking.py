@@ -313,3 +313,22 @@ def test_the_documented_ui_commands_are_the_tested_one():
         in text
     make = (root / "Makefile").read_text()
     assert "\nui: $(STAMP)\n\t$(BIN)/python -m fedpipe.tracking.ui $(UI_ARGS)\n" in make
+
+
+def test_the_claims_table_is_an_artifact_of_the_parent_run(tracked):
+    """The report stage logs claims.md on the pipeline's parent run, beside the stage runs."""
+    tmp_path, uri = tracked
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "claims.md").write_text("# Study s: claims\n| claim | verdict |\n")
+    with stage_run("report", {"study": {"seeds": [0, 1, 2]}}, 0) as run:
+        run.log_parent_artifact(tmp_path / "claims.md", "claims")
+        report_id, parent_id = run.run_id, run.parent_run_id
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("fedpipe")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert parent_id == runs["pipeline · workspace"].info.run_id != report_id
+    assert [a.path for a in client.list_artifacts(parent_id, "claims")] == ["claims/claims.md"]
+    assert client.list_artifacts(report_id, "claims") == []
+    got = client.download_artifacts(parent_id, "claims/claims.md", str(tmp_path / "dl"))
+    assert Path(got).read_text().startswith("# Study s: claims")

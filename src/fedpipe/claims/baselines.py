@@ -27,7 +27,10 @@ from fedpipe.claims import Claim
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
 
+KEY = "baselines"
 PAPER = "classification baselines"
+ARMS = ("scaffold", "feddyn", "feddc")
+ARM_TRACK = "classification"  # a study reports these papers when it classifies with their arms
 
 SOURCES = {
     "scaffold": ("SCAFFOLD (Karimireddy et al. 2020)",

@@ -53,7 +53,9 @@ from fedpipe.reference import (
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
 
+KEY = "fedddpm"
 PAPER = "FedDDPM (Peng et al. 2025)"
+ARMS = ("fedddpm", "fedddpm_plus")
 DEFAULT_REFERENCE = "mnist/15_shard"
 BASELINES = ("fedavg", "fedprox", "scaffold", "mofedsam")
 PAPER_ROUNDS = {"mnist": 400, "cifar10": 600, "cifar100": 600}

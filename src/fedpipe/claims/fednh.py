@@ -40,7 +40,9 @@ from fedpipe.claims import Claim
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
 
+KEY = "fednh"
 PAPER = "FedNH (Dai et al. 2023)"
+ARMS = ("fednh",)
 NAMES = {"fedavg": "FedAvg", "local": "Local", "fedper": "FedPer", "ditto": "Ditto",
          "fedrep": "FedRep", "fedproto": "FedProto", "creff": "CReFF", "fedbabu": "FedBABU",
          "fedrod": "FedROD", "fednh": "FedNH"}

@@ -46,6 +46,8 @@ BASELINES = ("fedavg", "fedprox", "scaffold", "feddyn", "feddc")
 METHODS = (*BASELINES, "fedptr", "fedptr_s")
 """The column order of Tables 1 and 2."""
 FEDPTR_ARMS = ("fedptr", "fedptr_s", "fedptr_s_once")
+KEY = "fedptr"
+ARMS = FEDPTR_ARMS
 NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "feddyn": "FedDyn",
          "feddc": "FedDC", "fedptr": "FedPTR", "fedptr_s": "FedPTR-S",
          "fedptr_s_once": "FedPTR-S (one-shot MTT)"}

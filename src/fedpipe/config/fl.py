@@ -13,6 +13,9 @@ from fedpipe.config.core import ConfigError, build, check, check_finite_tree, on
 OPTIMIZERS = ("sgd", "adam")
 AGGREGATIONS = ("weighted", "uniform")
 EXECUTORS = ("serial", "batched", "ray")
+PAPER_KEYS = ("fedddpm", "baselines", "fedptr", "equitable", "fednh", "perada")
+"""The papers ``study.papers`` names: one module of ``fedpipe.claims`` each (defined here, so that
+validating a study does not import the claims)."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ class StudyConfig:
     ``paper_reference`` (e.g. ``mnist/15_shard``) prints that column of the FedDDPM paper's
     Tables I-III beside our numbers in the report. ``corruptions`` (names of
     ``fedpipe.data.corruptions.CORRUPTIONS``) adds accuracy on corrupted copies of the test set to
-    the evaluation (mean over ``severities``, then over the corruptions; PerAda's CIFAR-10-C)."""
+    the evaluation (mean over ``severities``, then over the corruptions; PerAda's CIFAR-10-C).
+    ``papers``: whose claims the report judges (default: the papers whose arms the study runs)."""
 
     name: str = "default"
     algorithms: list[str] = field(default_factory=lambda: ["fedavg"])
@@ -158,8 +162,18 @@ class StudyConfig:
     paper_reference: str | None = None
     corruptions: list[str] = field(default_factory=list)
     severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    papers: list[str] | None = None
+    """The papers whose claims the report judges (:data:`PAPER_KEYS`); null: those whose
+    arms the study runs (``fedpipe.claims.study_papers``)."""
 
     def validate(self, p: str) -> None:
+        if self.papers is not None:
+            check(isinstance(self.papers, list), f"{p}.papers", self.papers,
+                  "null or a list of " + ", ".join(PAPER_KEYS))
+            for name in self.papers:
+                check(name in PAPER_KEYS, f"{p}.papers", name, "one of " + ", ".join(PAPER_KEYS))
+            check(len(set(self.papers)) == len(self.papers), f"{p}.papers", self.papers,
+                  "a list without duplicates")
         check(len(self.algorithms) >= 1, f"{p}.algorithms", self.algorithms, "a non-empty list")
         for key in ("algorithms", "diffusion_algorithms"):
             names = getattr(self, key)

@@ -19,12 +19,16 @@ Sections of ``report.md``:
   the paper's FID for the same algorithm beside ours (and FedDDPM+'s stop round).
 - Classification track: the accuracy metrics of the ``evaluate`` stage, mean +- std over seeds, and the
   personalized columns when an algorithm has them.
-- Claims: every paper's headline claims (:mod:`fedpipe.claims`) with every seed's values, the mean
-  difference +- its standard error, and held / not held / not judged / not evaluated.
+- Claims: the headline claims of the study's papers (``study.papers``, :mod:`fedpipe.claims`): the
+  paper's numbers, ours (each arm's mean with a 95% t-interval over replicates and every replicate's
+  value, the difference likewise), the p-value with its Holm adjustment, and the verdict (held /
+  contradicted / not shown / not judged / not evaluated); one summary line per paper; the facts
+  (deterministic properties) in a table of their own. The same markdown alone in ``claims.md``, which
+  the stage logs to the study's parent MLflow run.
 
-Outputs: ``report.md``, ``fid_curves.png`` (FID per round, mean over seeds, and each method's final
-FID), ``fid_history.csv`` (every run's evaluated rounds, for DVC's plots), ``metrics.json`` (DVC
-metrics: FID and accuracy summaries, claim counts) and ``claims.json`` (DVC metrics; see
+Outputs: ``report.md``, ``claims.md``, ``fid_curves.png`` (FID per round, mean over seeds, and each
+method's final FID), ``fid_history.csv`` (every run's evaluated rounds, for DVC's plots),
+``metrics.json`` (DVC metrics: FID and accuracy summaries, claim counts) and ``claims.json`` (DVC metrics; see
 :func:`fedpipe.claims.claims_metrics`).
 """
 
@@ -37,7 +41,17 @@ from typing import Any
 
 import numpy as np
 
-from fedpipe.claims import RULE, ClaimResult, absent_papers, all_claims, claims_metrics, judge_all, summary
+from fedpipe.claims import (
+    RULE,
+    ClaimResult,
+    all_claims,
+    claims_metrics,
+    judge_all,
+    min_detectable_lines,
+    paper_summaries,
+    study_papers,
+    summary,
+)
 from fedpipe.claims import equitable as equitable_claims
 from fedpipe.claims import fednh as fednh_claims
 from fedpipe.claims import fedptr as fedptr_claims
@@ -191,46 +205,92 @@ def fmt_value(v: float | None) -> str:
     return f"{v:.4g}"
 
 
-def _per_seed(algo: str, values: dict[str, float]) -> str:
-    if not values:
-        return f"{algo}: —"
-    return f"{algo}: " + ", ".join(f"s{s} {fmt_value(v)}" for s, v in values.items())
+def _per_seed(values: dict[str, float]) -> str:
+    return ", ".join(f"s{s} {fmt_value(v)}" for s, v in values.items()) or "—"
+
+
+def mean_ci(values: list[float]) -> tuple[float, float | None]:
+    """Mean and the half-width of its 95% t-interval (None for fewer than 2 values)."""
+    from scipy import stats
+
+    a = np.asarray(values, dtype=np.float64)
+    if len(a) < 2:
+        return float(a.mean()), None
+    return float(a.mean()), float(stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / np.sqrt(len(a)))
+
+
+def _ours(values: dict[str, float]) -> str:
+    """Mean [95% t-interval] (every replicate's value)."""
+    good = [v for v in values.values() if np.isfinite(v)]
+    if not good:
+        return "—"
+    mean, half = mean_ci(good)
+    ci = "" if half is None else f" [{fmt_value(mean - half)}, {fmt_value(mean + half)}]"
+    return f"{fmt_value(mean)}{ci} ({_per_seed(values)})"
+
+
+def _difference(r: ClaimResult) -> str:
+    if r.mean_diff is None:
+        return "—"
+    out = f"{r.mean_diff:+.4g}"
+    ci = r.ci
+    if ci is not None:
+        out += f" [{ci[0]:+.4g}, {ci[1]:+.4g}]"
+    if r.se is not None:
+        out += f", SE {r.se:.3g} ({r.test}, n={r.n})"
+    if r.threshold is not None:
+        out += f"; margin ±{r.threshold:.4g}"
+    return out
+
+
+def _p(r: ClaimResult) -> str:
+    if r.p is None:
+        return "—"
+    return f"{r.p:.3g} (Holm {r.p_holm:.3g}); opposite {r.p_opposite:.3g} (Holm {r.p_opposite_holm:.3g})"
 
 
 def _verdict(r: ClaimResult) -> str:
-    if r.status == "held":
-        return "**held**"
-    if r.status == "not held":
-        return "not held"
-    if r.status == "not evaluated":
-        return f"not evaluated in this study ({r.reason})"
-    return f"not judged ({r.reason})"
+    if r.status in ("held", "contradicted"):
+        return f"**{r.status}**"
+    if r.status in ("not judged", "not evaluated", "not shown") and r.p is None and r.reason:
+        return f"{r.status} ({r.reason})"
+    return r.status
 
 
-def claims_table(results: list[ClaimResult]) -> list[str]:
+def claims_table(results: list[ClaimResult], papers: list[str] | None = None) -> list[str]:
+    """The claims section: the rule, what can hold at these replicate counts, one summary line per
+    paper, the claims table and the facts table."""
+    claims = [r for r in results if not r.claim.fact]
+    facts = [r for r in results if r.claim.fact]
     counts = summary(results)
-    lines = ["## Claims: each paper's headline claims on this study's numbers", "", RULE, "",
-             f"{counts['held']} of {counts['claims']} claims held; {counts['not_held']} not held, "
-             f"{counts['not_judged']} not judged, {counts['not_evaluated']} not evaluated.", "",
-             "| paper | claim | source | method, per seed | baseline, per seed | mean diff ± SE | "
-             "verdict |", "|---|---|---|---|---|---|---|"]
-    absent = absent_papers(results)
-    for r in results:
+    lines = ["## Claims: the headline claims of this study's papers", "",
+             f"Papers: {', '.join(papers) if papers else '—'} (study.papers). {RULE}", ""]
+    lines += [f"- {line}" for line in min_detectable_lines(claims)]
+    lines += ["", f"{counts['held']} of {counts['claims']} claims held, {counts['contradicted']} "
+              f"contradicted, {counts['not_shown']} not shown, {counts['not_judged']} not judged, "
+              f"{counts['not_evaluated']} not evaluated.", ""]
+    lines += [f"- **{paper}**: {line}" for paper, line in paper_summaries(results).items()]
+    lines += ["", "Ours: mean [95% t-interval over replicates] (each replicate's value, s<seed>). "
+              "Difference: in the claimed direction (positive = the claimed way), with its 95% "
+              "t-interval. p: one-sided (match claims: TOST), Holm-adjusted over the paper's judged "
+              "claims.", "",
+              "| paper | claim | paper's numbers | method, ours | baseline, ours | difference | p | "
+              "verdict |", "|---|---|---|---|---|---|---|---|"]
+    for r in claims:
         c = r.claim
-        if c.paper in absent:
-            continue
-        if r.mean_diff is None:
-            diff = "—"
-        else:
-            diff = f"{r.mean_diff:+.4g}" + (f" ± {r.se:.4g}" if r.se is not None else "")
-            diff += f" ({r.test}, n={r.n})"
-            if r.threshold is not None:
-                diff += f"; tolerance {r.threshold:.4g}"
-        lines.append(f"| {c.paper} | {c.text} | {c.source} | {_per_seed(c.method, r.method_values)}"
-                     f" | {_per_seed(c.baseline, r.baseline_values)} | {diff} | {_verdict(r)} |")
-    if absent:
-        lines += ["", "Not in this study (no arm of theirs ran): " +
-                  "; ".join(f"{p} ({n} claims)" for p, n in absent.items()) + "."]
+        lines.append(f"| {c.paper} | {c.text} | {c.source} | {c.method}: {_ours(r.method_values)} | "
+                     f"{c.baseline}: {_ours(r.baseline_values)} | {_difference(r)} | {_p(r)} | "
+                     f"{_verdict(r)} |")
+    if facts:
+        lines += ["", "Facts (deterministic properties: the same on every replicate; reported, never "
+                  "counted as held claims; true = the relation holds on every replicate):", "",
+                  "| paper | fact | paper's numbers | method | baseline | true |",
+                  "|---|---|---|---|---|---|"]
+        for r in facts:
+            c = r.claim
+            lines.append(f"| {c.paper} | {c.text} | {c.source} | {c.method}: "
+                         f"{_per_seed(r.method_values)} | {c.baseline}: "
+                         f"{_per_seed(r.baseline_values)} | {r.status} ({r.reason}) |")
     return lines
 
 
@@ -358,14 +418,16 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     lines += equitable_claims.report_section(study, cls)  # Tables 2-3 beside ours
     lines += perada_claims.report_section(study, cls, algorithms)  # Table 1/2 (PerAda studies)
     results = judge_all(all_claims(study), tracks)
-    lines += claims_table(results) + [""]
+    table = claims_table(results, study_papers(study)) + [""]
+    lines += table
     text = "\n".join(lines)
     write_text(out / "report.md", text)
+    write_text(out / "claims.md", f"# Study {study.name}: claims\n\n" + "\n".join(table))
     write_json(out / "claims.json", claims_metrics(results))
     write_json(out / "metrics.json", {
         "diffusion": summary_,
         "classification": {a: {k: m[k] for k in ("test_accuracy", "test_accuracy_std") if k in m}
                            for a, m in cls.items()},
         "claims": summary(results)})
-    written += [out / "report.md", out / "claims.json", out / "metrics.json"]
+    written += [out / "report.md", out / "claims.md", out / "claims.json", out / "metrics.json"]
     return ReportOutputs(text, summary_, results, written)

@@ -114,6 +114,7 @@ class StageRun:
     def __init__(self, active: bool):
         self.active = active
         self.run_id: str | None = None
+        self.parent_run_id: str | None = None  # the pipeline execution's run (None: no params.yaml)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if self.active:
@@ -142,6 +143,18 @@ class StageRun:
             import mlflow
 
             mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+    def log_parent_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """A file of the study as a whole (the claims table) on the pipeline's parent run, where the
+        runs of one execution hang; on this run when there is no parent."""
+        if not self.active:
+            return
+        import mlflow
+
+        if self.parent_run_id is None:
+            mlflow.log_artifact(str(path), artifact_path=artifact_path)
+        else:
+            mlflow.MlflowClient().log_artifact(self.parent_run_id, str(path), artifact_path)
 
     def log_tags(self, tags: Mapping[str, Any]) -> None:
         """Free-form tags, e.g. which FID extractor produced a score."""
@@ -198,6 +211,7 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
             mlflow.log_params(dict(items[i:i + 100]))
         handle = StageRun(active=True)
         handle.run_id = run.info.run_id
+        handle.parent_run_id = parent
         if inputs:
             handle.log_file_hashes("input", inputs)
         yield handle
