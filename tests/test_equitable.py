@@ -261,7 +261,7 @@ def test_study_presets_compose_and_validate(tmp_path, preset, clusters, model):
     repo = Path(__file__).resolve().parents[1]
     params = yaml.safe_load(compose_params(repo, [f"study={preset}"],
                                            output=str(tmp_path / "p.yaml")).read_text())
-    assert params["study"]["diffusion_algorithms"] == [] and params["study"]["seeds"] == [0, 1, 2]
+    assert params["study"]["diffusion_algorithms"] == [] and len(params["study"]["seeds"]) >= 3
     assert params["partition"]["scheme"] == "label_blocks" and params["fl"]["participation"] == 0.4
     partition_stage_config(params)
     cfgs = {a: train_config(params, a) for a in params["study"]["algorithms"]}

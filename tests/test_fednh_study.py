@@ -30,7 +30,7 @@ def test_fednh_studies_compose_and_validate(tmp_path, preset, clients, rounds):
     assert part.partition.scheme == "dirichlet" and part.partition.alpha == 0.3
     assert part.partition.num_clients == clients
     study = build(StudyConfig, params["study"], "study")
-    assert study.diffusion_algorithms == [] and study.seeds == [0, 1, 2]
+    assert study.diffusion_algorithms == [] and len(study.seeds) >= 3
     for algo in study.algorithms:
         cfg = train_config(params, algo)
         assert cfg.model.name == "cnn_fednh" and cfg.fl.rounds == rounds

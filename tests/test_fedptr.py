@@ -403,7 +403,7 @@ def test_studies_compose_and_validate(study, tmp_path):
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
     assert p["partition"]["scheme"] == "dirichlet" and p["partition"]["alpha"] == 0.01
-    assert p["study"]["seeds"] == [0, 1, 2] and p["study"]["diffusion_algorithms"] == []
+    assert len(p["study"]["seeds"]) >= 3 and p["study"]["diffusion_algorithms"] == []
     partition_stage_config(p)
     for algo in p["study"]["algorithms"]:
         train_config(p, algo, 0)

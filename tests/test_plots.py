@@ -122,7 +122,7 @@ def plots_repo(tmp_path_factory) -> Path:
     d = dst / "data"
     stats = {"sizes": [10, 20], "test_sizes": [5, 5], "emd": [0.5, 0.2],
              "effective_classes": [2.0, 3.0], "counts": np.array([[5, 5], [20, 0]])}
-    write_csv(d / "partition/clients.csv", *client_rows(stats))
+    write_csv(d / "partition/seed_0/clients.csv", *client_rows(stats))
     hist = [{"round": r, "train_loss": 1.0 / r, **({"test_accuracy": 0.1 * r, "test_loss": 1.0}
                                                    if r % 2 == 0 else {})} for r in range(1, 7)]
     write_csv(d / "evaluate/history.csv", HISTORY_COLUMNS,
@@ -130,9 +130,9 @@ def plots_repo(tmp_path_factory) -> Path:
     write_csv(d / "evaluate/clients.csv", ["algorithm", "seed", "client", "accuracy",
                                            "personal_accuracy"],
               [["fedavg", 0, 0, 0.5, ""], ["fedavg", 0, 1, 0.7, ""], ["fedper", 0, 0, 0.4, 0.9]])
-    write_csv(d / "warmup/losses.csv", ["client", "epoch", "loss"],
+    write_csv(d / "warmup/seed_0/losses.csv", ["client", "epoch", "loss"],
               [[0, 0, 0.5], [0, 1, 0.4], [1, 0, 0.6], [1, 1, 0.3]])
-    write_csv(d / "aux_quality/per_class.csv", ["class", "requested", "accuracy"],
+    write_csv(d / "aux_quality/seed_0/per_class.csv", ["class", "requested", "accuracy"],
               per_class_rows(np.full(2, np.nan), np.zeros(2, dtype=np.int64), ["a", "b"]))
     runs = {"fedavg": {0: ({}, ddpm_history(6, 3, 100.0))},
             "mofedsam": {0: ({}, ddpm_history(6, 3, 400.0))}}
