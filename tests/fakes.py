@@ -1,5 +1,7 @@
 """Small stand-ins shared by the algorithm tests."""
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -22,3 +24,15 @@ def assert_identical(a, b):
             assert_identical(a[k], b[k])
         else:
             assert torch.equal(a[k], b[k]), k
+
+
+def with_changes(params: dict, **changes) -> dict:
+    """A deep copy of ``params`` with ``"section/key/...": value`` changes applied."""
+    p = copy.deepcopy(params)
+    for dotted, value in changes.items():
+        node = p
+        *head, last = dotted.split("/")
+        for k in head:
+            node = node[k]
+        node[last] = value
+    return p

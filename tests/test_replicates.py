@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from fakes import with_changes
 
 from fedpipe.config import partition_stage_config
 from fedpipe.data.outputs import partition_and_write
@@ -36,15 +37,6 @@ BEFORE = {
 }
 
 
-def with_(params: dict, **changes) -> dict:
-    p = json.loads(json.dumps(params))
-    for dotted, value in changes.items():
-        node = p
-        *head, last = dotted.split("/")
-        for k in head:
-            node = node[k]
-        node[last] = value
-    return p
 
 
 def sha(path: Path) -> str:
@@ -80,13 +72,13 @@ def test_replicate_zero_is_the_run_before_replicates(tmp_path, one_thread):
 
     parts = tmp_path / "partition"
     for root_seed in (0, 7):  # the root seed seeds only what replicates share
-        partition_and_write(partition_stage_config(with_(PARAMS, seed=root_seed), 0),
+        partition_and_write(partition_stage_config(with_changes(PARAMS, seed=root_seed), 0),
                             parts / f"root{root_seed}" / "seed_0")
         assert sha(partition_file(0, parts / f"root{root_seed}")) == BEFORE["partition_seed0"]
     partition_and_write(partition_stage_config(PARAMS, 1), parts / "seed_1")
     assert sha(partition_file(1, parts)) == BEFORE["partition_seed1"]  # the seed-1 draw of before
 
-    p = with_(PARAMS, **{"fl/rounds": 2, "fl/local/epochs": 1})
+    p = with_changes(PARAMS, **{"fl/rounds": 2, "fl/local/epochs": 1})
     cfg = train_config(p, "fedavg", 0)
     federate(cfg, tmp_path / "fed", partition_file(0, parts / "root0"), progress=False)
     assert sha(tmp_path / "fed/fedavg/seed_0/model.safetensors") == BEFORE["federate_fedavg_seed0_model"]
@@ -117,12 +109,12 @@ def test_each_replicate_draws_its_own_partition_and_warmup(tmp_path):
     from fedpipe.pipeline.diffusion import make_unet
 
     for r in (0, 1):
-        partition_and_write(partition_stage_config(with_(PARAMS, seed=5), r), tmp_path / f"seed_{r}")
+        partition_and_write(partition_stage_config(with_changes(PARAMS, seed=5), r), tmp_path / f"seed_{r}")
     a, b = (load_tensors(partition_file(r, tmp_path)) for r in (0, 1))
     assert not torch.equal(a["train_indices"], b["train_indices"])
-    cfgs = [diffusion_stage_config(with_(PARAMS, seed=5), "warmup", r) for r in (0, 1)]
+    cfgs = [diffusion_stage_config(with_changes(PARAMS, seed=5), "warmup", r) for r in (0, 1)]
     assert [c.seed for c in cfgs] == [0, 1] and [c.params_read["seed"] for c in cfgs] == [0, 1]
-    assert diffusion_stage_config(with_(PARAMS, seed=5), "feature_extractor").seed == 5  # shared
+    assert diffusion_stage_config(with_changes(PARAMS, seed=5), "feature_extractor").seed == 5  # shared
     meta = load_dataset(cfgs[0].dataset).meta
     w0, w1 = (next(iter(make_unet(c.diffusion, meta, c.seed, "warmup-init", 0).parameters()))
               for c in cfgs)
@@ -167,7 +159,7 @@ def pipeline_copy(dst: Path, seeds: list[int]) -> dict:
                        else f"{sys.executable} stand_in.py")
     (dst / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     (dst / "stand_in.py").write_text(STAND_IN)
-    params = with_(PARAMS, **{"study/algorithms": ["fedavg", "fedprox"],
+    params = with_changes(PARAMS, **{"study/algorithms": ["fedavg", "fedprox"],
                               "study/diffusion_algorithms": ["fedavg"], "study/seeds": seeds})
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fakes import with_changes
 
 from fedpipe.config import ConfigError
 from fedpipe.pipeline.common import train_config
@@ -17,14 +18,7 @@ PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
 
 
 def params_with(**changes) -> dict:
-    p = yaml.safe_load(yaml.safe_dump(PARAMS))
-    for dotted, value in changes.items():
-        node = p
-        *head, last = dotted.split("/")
-        for k in head:
-            node = node[k]
-        node[last] = value
-    return p
+    return with_changes(PARAMS, **changes)
 
 
 @pytest.mark.parametrize("changes,algo,expected", [
