@@ -248,7 +248,8 @@ def test_deterministic_and_resumable(name, tmp_path):
 # -- studies, evaluation and claims ----------------------------------------------------------------
 @pytest.mark.parametrize(("preset", "clusters", "model"), [
     ("equitable_mnist", 2, "mlp"), ("equitable_cifar10", 2, "lenet"),
-    ("equitable_cifar100", 3, "cnn_cifar100"), ("equitable_smoke", 2, "mlp")])
+    ("equitable_cifar100", 3, "cnn_cifar100"), ("equitable_smoke", 2, "mlp"),
+    ("equitable_mnist5k", 2, "mlp")])
 def test_study_presets_compose_and_validate(tmp_path, preset, clusters, model):
     from pathlib import Path
 
@@ -270,7 +271,10 @@ def test_study_presets_compose_and_validate(tmp_path, preset, clusters, model):
                          "fairfed"}
     assert cfgs["equitable_fl"].algo_cfg.num_clusters == clusters == len(params["partition"]["groups"])
     assert cfgs["fedprox"].model.name == model
-    if preset != "equitable_smoke":
+    if preset == "equitable_mnist5k":  # real MNIST images, Table 1's groups, K = 100 of 250
+        assert params["dataset"]["name"] == "mnist5k" and params["partition"]["groups"] == [4, 6]
+        assert params["fl"]["rounds"] == 100 and params["fl"]["local"]["epochs"] == 5
+    elif preset != "equitable_smoke":
         assert params["fl"]["rounds"] == 250 and params["fl"]["local"]["epochs"] == 5
 
 

@@ -41,7 +41,7 @@ scales down; the direction holds in all eight columns of Tables 2-3 unless said)
 σ_Acc's resolution: a client's accuracy is measured on its local test split. The Equitable-FL
 studies give each client every test image of the classes it holds (``partition.local_test:
 classes``, the spec's reading of the paper's per-client test set): on the digits smoke study the
-groups' splits hold about 108 and 252 images (a step of 0.9 and 0.4 points), on mnist5k 500 and 750
+groups' splits hold 135 and 315 images (a step of 0.74 and 0.32 points), on mnist5k 500 and 750
 (0.2 and 0.13 points), against the paper's MNIST gap of 1.1 points (2.26 vs 1.17).
 docs/papers/equitable_fl.md.
 
