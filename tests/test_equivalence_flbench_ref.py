@@ -134,3 +134,79 @@ def test_fedprox_client_and_flower_aggregation():
         updates.append(up)
     state = s.aggregate(ServerState(weights=fx.w0), rnd(updates))
     assert_matches(state.weights, fx.group("out.server"))
+
+
+# -- SCAFFOLD (PFLlib) -------------------------------------------------------------------------
+def test_scaffold_client_control_variates_and_server_step():
+    fx = Fixture("scaffold")
+    h = fx.hyper
+    s = strategy("scaffold", {"global_lr": h["global_lr"], "control_variate": "option2"}, fx,
+                 aggregation="uniform", num_clients=h["num_clients"])
+    c = fx.group("c")
+    updates = []
+    for i in range(fx.num_clients):
+        up, cs, _ = run_client(s, Payload(0, fx.w0, extra={"c": c}), {"c_i": fx.group(f"c_i{i}")},
+                               fx.data(i), i)
+        assert_matches(up.weights, fx.group(f"out.client{i}"))
+        assert_matches(cs["c_i"], fx.group(f"out.c_i{i}"), atol=1e-10)  # divided by K eta_l = 0.3
+        updates.append(up)
+    state = s.aggregate(ServerState(weights=fx.w0, extra={"c": c}), rnd(updates))
+    assert_matches(state.weights, fx.group("out.server"))
+    assert_matches(state.extra["c"], fx.group("out.c"), atol=1e-10)
+    assert moved(state.extra["c"], c) > 1e-3
+
+
+def unflat(v: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A flat parameter vector (the authors' code's layout: ``named_parameters`` order of the model)
+    as a dict with ``like``'s shapes."""
+    out, i = {}, 0
+    for k, _ in Tiny().named_parameters():
+        t = like[k]
+        out[k] = v[i:i + t.numel()].reshape(t.shape)
+        i += t.numel()
+    assert i == v.numel()
+    return out
+
+
+# -- FedDyn (the authors' harness in gaoliang13/FedDC) -----------------------------------------
+def test_feddyn_client_and_server_against_the_authors_code():
+    fx = Fixture("feddyn")
+    h, alpha, n = fx.hyper, fx.hyper["alpha"], fx.hyper["num_clients"]
+    s = strategy("feddyn", {"alpha": alpha}, fx, aggregation="uniform", num_clients=n)
+    # the code keeps hist_k = sum of client k's drifts; the paper's g_k = -alpha hist_k and
+    # h = -alpha (1/m) sum_k hist_k over all m clients
+    hist = [unflat(fx.t[f"hist{k}"], fx.w0) for k in range(n)]
+    server_h = {k: -alpha * sum(hk[k] for hk in hist) / n for k in fx.w0}
+    updates = []
+    for i in range(fx.num_clients):
+        g_k = {k: -alpha * v for k, v in hist[i].items()}
+        up, cs, _ = run_client(s, Payload(0, fx.w0), {"grad": g_k}, fx.data(i), i)
+        assert_matches(up.weights, fx.group(f"out.client{i}"))
+        updates.append(up)
+    state = s.aggregate(ServerState(weights=fx.w0, extra={"h": server_h}), rnd(updates))
+    assert_matches(state.weights, fx.group("out.server"))
+    assert moved(state.weights, fx.w0) > 1e-3
+    assert h["aggregation"] == "uniform"
+
+
+# -- FedDC (gaoliang13/FedDC) ------------------------------------------------------------------
+def test_feddc_client_drift_control_variates_and_server_against_the_authors_code():
+    fx = Fixture("feddc")
+    n = fx.hyper["num_clients"]
+    s = strategy("feddc", {"alpha": fx.hyper["alpha"], "drift_average": "all_clients"}, fx,
+                 aggregation="uniform", num_clients=n)
+    c = unflat(fx.t["c"], fx.w0)
+    hs = [unflat(fx.t[f"h{k}"], fx.w0) for k in range(n)]
+    hsum = {k: sum(h[k] for h in hs) for k in fx.w0}
+    updates = []
+    for i in range(fx.num_clients):
+        state_i = {"h": hs[i], "c_i": unflat(fx.t[f"c_i{i}"], fx.w0)}
+        up, cs, _ = run_client(s, Payload(0, fx.w0, extra={"c": c}), state_i, fx.data(i), i)
+        theta = {k: up.weights[k] - cs["h"][k] for k in fx.w0}  # the upload is theta_i + h_i
+        assert_matches(theta, fx.group(f"out.client{i}"))
+        assert_matches(cs["h"], unflat(fx.t[f"out.h{i}"], fx.w0))
+        assert_matches(cs["c_i"], unflat(fx.t[f"out.c_i{i}"], fx.w0), atol=1e-10)
+        updates.append(up)
+    state = s.aggregate(ServerState(weights=fx.w0, extra={"c": c, "hsum": hsum}), rnd(updates))
+    assert_matches(state.weights, fx.group("out.server"))
+    assert_matches(state.extra["c"], unflat(fx.t["out.c"], fx.w0), atol=1e-10)
