@@ -210,3 +210,45 @@ def test_feddc_client_drift_control_variates_and_server_against_the_authors_code
     state = s.aggregate(ServerState(weights=fx.w0, extra={"c": c, "hsum": hsum}), rnd(updates))
     assert_matches(state.weights, fx.group("out.server"))
     assert_matches(state.extra["c"], unflat(fx.t["out.c"], fx.w0), atol=1e-10)
+
+
+# -- MoFedSAM (FL-Simulator) -------------------------------------------------------------------
+@pytest.mark.parametrize("tag, atol", [("out", ATOL), ("out_asis", 1e-9)])
+def test_mofedsam_sam_steps_momentum_and_server_against_fl_simulator(tag, atol):
+    """``out``: the reference with its SAM epsilon (1e-7 in rho g / (||g|| + eps)) set to fedpipe's
+    1e-12, equal to float rounding; ``out_asis``: the reference unmodified, whose larger epsilon
+    shortens each ascent step by a relative 1e-7 / ||g|| (measured: 1.6e-10 on the weights)."""
+    fx = Fixture("mofedsam")
+    h = fx.hyper
+    s = strategy("mofedsam", {"rho": h["rho"], "alpha": h["alpha"], "global_lr": h["global_lr"],
+                              "delta": "displacement"}, fx, aggregation="uniform")
+    delta = fx.group("delta")
+    updates = []
+    for i in range(fx.num_clients):
+        up, _, _ = run_client(s, Payload(0, fx.w0, extra={"delta": delta}), {}, fx.data(i), i)
+        assert_matches(up.weights, fx.group(f"{tag}.client{i}"), atol)
+        updates.append(up)
+    state = s.aggregate(ServerState(weights=fx.w0, extra={"delta": delta}), rnd(updates))
+    assert_matches(state.weights, fx.group(f"{tag}.server"), atol)
+    assert_matches(state.extra["delta"], fx.group(f"{tag}.delta"), atol * 10)  # / (K eta_l) = 0.3
+
+
+# -- FedBN and LG-FedAvg (PFLlib) --------------------------------------------------------------
+@pytest.mark.parametrize("method, own, bn", [("fedbn", "bn", True), ("lg_fedavg", "body", False)])
+def test_personal_layers_client_and_server_against_pfllib(method, own, bn):
+    """Client i trains the global shared layers with its own personal ones (FedBN: its BatchNorm
+    layer, parameters and running statistics; LG-FedAvg: its body) and the server averages the
+    shared ones by sample count."""
+    fx = Fixture(method)
+    s = strategy(method, None, fx, bn=bn)
+    updates = []
+    for i in range(fx.num_clients):
+        personal = fx.group(f"{own}{i}")
+        assert set(personal) == s.personal
+        up, cs, _ = run_client(s, Payload(0, fx.w0), {"personal": personal}, fx.data(i), i)
+        assert not set(up.weights) & s.personal  # personal entries never leave the client
+        assert_matches(up.weights | cs["personal"], fx.group(f"out.client{i}"))
+        assert moved(cs["personal"], personal) > 1e-3
+        updates.append(up)
+    state = s.aggregate(ServerState(weights=fx.w0), rnd(updates))
+    assert_matches(state.weights, fx.group("out.server"))
