@@ -252,3 +252,43 @@ def test_personal_layers_client_and_server_against_pfllib(method, own, bn):
         updates.append(up)
     state = s.aggregate(ServerState(weights=fx.w0), rnd(updates))
     assert_matches(state.weights, fx.group("out.server"))
+
+
+# -- pFedMe (the authors' code) ----------------------------------------------------------------
+def test_pfedme_personal_and_local_models_and_server_against_the_authors_code():
+    fx = Fixture("pfedme")
+    h = fx.hyper
+    s = strategy("pfedme", {"lam": h["lam"], "inner_steps": h["inner_steps"],
+                            "personal_lr": h["personal_lr"], "beta": h["beta"]}, fx)
+    updates, asis = [], []
+    for i in range(fx.num_clients):
+        up, cs, _ = run_client(s, Payload(0, fx.w0), {}, fx.data(i), i)
+        assert_matches(up.weights, fx.group(f"out.client{i}"))
+        assert_matches(cs["personal"], fx.group(f"out.theta{i}"))
+        asis.append(max_diff(up.weights, fx.group(f"out_asis.client{i}")))
+        updates.append(up)
+    state = s.aggregate(ServerState(weights=fx.w0), rnd(updates))
+    assert_matches(state.weights, fx.group("out.server"))
+    assert moved(state.weights, fx.w0) > 1e-3
+    # the code's optimizer adds mu * theta (mu = 0.001 by default) to the inner gradient, a term the
+    # paper's objective does not have: a measured, documented difference, not rounding
+    assert 1e-6 < max(asis) < 1e-4, max(asis)
+
+
+# -- FedSim and FedAlt (the authors' code) -----------------------------------------------------
+@pytest.mark.parametrize("method", ["fedsim", "fedalt"])
+def test_partial_personalization_against_the_authors_code(method):
+    """Personal head (part: output); FedSim trains both parts together for K steps, FedAlt K steps
+    of the head then K of the rest; the server averages the shared part."""
+    fx = Fixture(method)
+    s = strategy(method, {"part": "output"}, fx, aggregation="uniform")
+    updates = []
+    for i in range(fx.num_clients):
+        head = fx.group(f"head{i}")
+        assert set(head) == s.personal
+        up, cs, _ = run_client(s, Payload(0, fx.w0), {"personal": head}, fx.data(i), i)
+        assert_matches(up.weights | cs["personal"], fx.group(f"out.client{i}"))
+        assert moved(cs["personal"], head) > 1e-3
+        updates.append(up)
+    state = s.aggregate(ServerState(weights=fx.w0), rnd(updates))
+    assert_matches(state.weights, fx.group("out.server"))
