@@ -292,3 +292,25 @@ def test_partial_personalization_against_the_authors_code(method):
         updates.append(up)
     state = s.aggregate(ServerState(weights=fx.w0), rnd(updates))
     assert_matches(state.weights, fx.group("out.server"))
+
+
+# -- MTT, FedPTR's trajectory matching (the MTT authors' distill.py) ---------------------------
+def test_mtt_matching_loss_gradients_and_update_against_the_authors_code():
+    from fedpipe.fl.mtt import MTTSettings, SyntheticSet, mtt_grad, mtt_update
+
+    fx = Fixture("mtt")
+    h = fx.hyper
+    model = Tiny().to(DT)
+    w_start, w_end = fx.group("w0"), fx.group("w_end")
+    x, y = fx.t["x_syn"], fx.t["y_syn"]
+    beta = torch.tensor([h["syn_lr"]], dtype=DT)
+    (gx, gb), loss = mtt_grad(model, x, beta, y, w_start, w_end, h["syn_steps"])
+    assert abs(float(loss) - float(fx.t["out.loss"][0])) <= ATOL
+    assert_matches({"x": gx, "b": gb}, {"x": fx.t["out.grad_x"], "b": fx.t["out.grad_lr"]})
+    settings = MTTSettings(iterations=h["iterations"], syn_steps=h["syn_steps"], lr_img=h["lr_img"],
+                           lr_beta=h["lr_lr"], momentum=h["momentum"])
+    new, info = mtt_update(model, SyntheticSet.create(x, y, h["syn_lr"]), w_start, w_end, settings)
+    assert info["mtt_loss_last"] == pytest.approx(float(fx.t["out.loss"][-1]), abs=ATOL)
+    assert_matches({"x": new.x, "b": new.beta},
+                   {"x": fx.t["out.x_syn"], "b": fx.t["out.syn_lr"]}, atol=1e-10)  # lr_img 50
+    assert moved({"x": new.x}, {"x": x}) > 1e-3
