@@ -272,7 +272,7 @@ def test_pfedme_personal_and_local_models_and_server_against_the_authors_code():
     assert moved(state.weights, fx.w0) > 1e-3
     # the code's optimizer adds mu * theta (mu = 0.001 by default) to the inner gradient, a term the
     # paper's objective does not have: a measured, documented difference, not rounding
-    assert 1e-6 < max(asis) < 1e-4, max(asis)
+    assert 1e-6 < max(asis) < 1e-3, max(asis)  # measured: 9.6e-5
 
 
 # -- FedSim and FedAlt (the authors' code) -----------------------------------------------------
