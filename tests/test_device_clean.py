@@ -19,7 +19,9 @@ runs do not take.
 
 The same runs are hashed (sha256 of every tensor of the final server state, the client states, and
 the stages' outputs) and compared with tests/fixtures/device_digests.json, recorded from the code
-before the device fixes: the fixes change where tensors live, never what a CPU run computes.
+before the device fixes: the fixes change where tensors live, never what a CPU run computes. One
+digest was recorded again since, after a change meant to alter the numbers: CReFF's, when its
+feature-matching distance was aligned with the official code (docs/papers/fednh.md).
 """
 
 from __future__ import annotations

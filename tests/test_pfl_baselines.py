@@ -361,7 +361,8 @@ def test_creff_real_gradients_matching_and_retraining():
     for c in (0, 2):  # only classes some client owns
         fc = F0[labels == c]
         g_syn = ce_grads(fc @ W0.T + b0, fc, labels[labels == c])[0]
-        loss = loss + (1 - F.cosine_similarity(g_syn, real[c], dim=1)).sum()
+        cos = (g_syn * real[c]).sum(1) / (g_syn.norm(dim=1) * real[c].norm(dim=1) + 1e-6)
+        loss = loss + (1 - cos).sum()  # the code's 'ours' distance (distance_wb)
     loss.backward()
     F1 = (F0 - 0.5 * F0.grad).detach()
     close(new.extra["features"]["x"], F1)

@@ -25,6 +25,9 @@ clipped to [0, 1]:
 with ``alpha`` its initial value and eta_alpha = ``alpha_lr`` (None: the client lr). v_i optimises with
 the client's ``fl.local`` optimizer and lr (eta); it starts from the global model at the client's first
 participation.
+
+Reference check: none (docs/papers/baselines.md). FL-bench's APFL mixes logits and steps w twice
+per batch; PFLlib's trains v on its own loss; neither is Algorithm 1, which this module follows.
 """
 
 from __future__ import annotations

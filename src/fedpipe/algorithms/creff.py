@@ -28,6 +28,13 @@ the clients computed their gradients at; client gradients are averaged by class 
 
 Personalized model: local training is FedAvg's, so PM is FedAvg's (the client's latest local model,
 FedNH spec 004 §2.6, §5), kept in the client's state when ``keep_local_model`` (default true).
+
+Against FedNH's official code (docs/papers/fednh.md): client class gradients, FedAvg and the feature
+matching agree to float64 rounding when every owner of a class holds as many samples of it. Kept
+apart from the code: gradients taken and matched at W^t (code: the previous round's re-trained
+head), count-weighted class gradients (code: uniform over owners), one re-trained classifier carried
+across rounds (code: a fresh ``nn.Linear`` each round, its bias dropped afterwards), one real batch
+per class (code: the mean of 10 draws; the same when a class has <= ``batch_real`` samples).
 """
 
 from __future__ import annotations
@@ -75,8 +82,12 @@ class CReFFConfig:
 
 
 def cosine_distance(g_syn: torch.Tensor, g_real: torch.Tensor) -> torch.Tensor:
-    """'ours' of dataset condensation for a (C, d) weight gradient: sum_rows 1 - cos(row, row)."""
-    return (1 - F.cosine_similarity(g_syn, g_real, dim=1, eps=1e-6)).sum()
+    """'ours' of dataset condensation for a (C, d) weight gradient: sum over rows of
+    1 - <a, b> / (||a|| ||b|| + 1e-6), the 1e-6 added to the product of the norms as in the code
+    (``distance_wb``; ``F.cosine_similarity`` clamps each norm instead, which moves the features by
+    ~1e-5 in three steps when the gradients are small)."""
+    dot = (g_syn * g_real).sum(1)
+    return (1 - dot / (g_syn.norm(dim=1) * g_real.norm(dim=1) + 1e-6)).sum()
 
 
 def head_of(weights: Weights) -> Weights:

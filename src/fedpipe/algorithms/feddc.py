@@ -40,6 +40,10 @@ Inferred choices (config values or documented here):
   (n_i / mean n); this module uses the paper's unscaled alpha (identical for equal-size clients).
 - h_i, c_i, R and G cover the trainable parameters; float buffers (BatchNorm statistics) are
   averaged as in FedAvg.
+
+Reference check (tests/test_equivalence_flbench_ref.py, docs/papers/baselines.md): with
+``drift_average=all_clients`` and ``fl.aggregation=uniform``, theta_i, h_i, c_i and the server's w
+and c equal gaoliang13/FedDC to 3.8e-16 in float64 (equal-size clients, no lr decay).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ labels on the server and is not done here), temperature tau = 1 with no tau^2 fa
 KL. Teachers run in eval mode (no dropout, BN running statistics), so their logits on the set are
 computed once per round, which is exactly what per-batch teacher passes would give; the student trains
 in train mode, as in both official codes (its BN running statistics follow the distillation data).
+
+Reference check: none (docs/papers/baselines.md): FL-bench and PFLlib do not implement FedDF and no
+official code is among the stored repositories; the shared ``distill`` is checked with PerAda.
 """
 
 from __future__ import annotations

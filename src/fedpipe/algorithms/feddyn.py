@@ -26,6 +26,12 @@ Implementation choices (documented, not in the paper):
   are averaged as in FedAvg, without the h correction.
 - The official code also rescales alpha per client by the client's relative data size; this module
   uses the paper's single alpha.
+
+Reference check (tests/test_equivalence_flbench_ref.py, docs/papers/baselines.md): client and
+server equal the FedDyn of the FedDC authors' harness (gaoliang13/FedDC) to 1.7e-16 in float64 on
+equal-size clients with ``fl.aggregation=uniform``; that code's per-client alpha scaling and
+gradient clipping at norm 10 are the known differences. PFLlib's FedDyn penalises the norm, not
+the squared norm, of theta - theta^{t-1}, and was not followed.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def class_sums(model: nn.Module, data: ClientData, num_classes: int, gen: torch.
     was_training = model.training
     model.eval()
     dim = model.head.in_features
-    sums = torch.zeros(num_classes, dim, device=module_device(model))
+    sums = torch.zeros(num_classes, dim, device=module_device(model), dtype=model.head.weight.dtype)
     with torch.inference_mode():
         for x, y in data.batches(EVAL_BATCH, gen, shuffle=False):
             z = F.normalize(model.features(x), dim=1)

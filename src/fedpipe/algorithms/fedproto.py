@@ -5,14 +5,15 @@ No model is shared: every client keeps its whole network (body f and a linear cl
 class prototypes travel. Round t, client k, with the global prototypes {C_c}:
 
     loss = CE(g(f(x)), y) + lambda * MSE(f(x), C_y)                          (FedProto Eq. 8; [code])
-    local prototype of class c: mean of f(x_i) over its samples of c seen in local training
+    local prototype of class c: mean of f(x_i) over its samples of c in the last local epoch
     server: C_c = unweighted mean of the uploaded local prototypes of class c         ([code] agg)
            (a class nobody uploads keeps its value; C starts as U[0, 1) draws, [code])
 
 MSE is the mean over the batch and the feature dimensions (``nn.MSELoss()`` in the code, which
 regularises from the first round towards the random initial prototypes). The local prototypes are
-the means of the embeddings of every training batch of the round, all epochs ([code]: collected
-during training, detached). lambda = 0.1 (spec 004 §5).
+the means of the embeddings of the training batches of the last local epoch, collected during
+training and detached ([code]: ``local_embedding_by_class`` is reset at every epoch; FedProto's Eq. 5
+is a mean over the local data, once per sample). lambda = 0.1 (spec 004 §5).
 
 Prediction (the personalized model): the nearest global prototype, argmin_c ||f(x) - C_c||
 (:class:`fedpipe.models.prototype.DistanceHead`, with the latest global prototypes). There is no
@@ -74,15 +75,20 @@ class FedProto(Strategy):
         model = self.scratch_model(self.local_weights(payload.weights, client_state))
         protos = payload.weights[PROTOTYPES]
         num_classes, dim = protos.shape
-        sums = torch.zeros(num_classes, dim, device=protos.device)
-        counts = torch.zeros(num_classes, device=protos.device)
+        sums = torch.zeros(num_classes, dim, device=protos.device, dtype=protos.dtype)
+        counts = torch.zeros(num_classes, device=protos.device, dtype=protos.dtype)
         lam = self.cfg.lam
+        seen = [0]  # samples seen so far: a multiple of len(data) starts an epoch
 
         def objective(m: nn.Module, batch: Batch) -> torch.Tensor:
             x, y = batch
+            if seen[0] % len(data) == 0:  # the local prototypes are those of the last epoch [code]
+                sums.zero_()
+                counts.zero_()
+            seen[0] += len(y)
             z = m.features(x)
             sums.index_add_(0, y, z.detach())
-            counts.index_add_(0, y, torch.ones(len(y), device=y.device))
+            counts.index_add_(0, y, torch.ones(len(y), device=y.device, dtype=counts.dtype))
             # Eq. 8: CE of the linear classifier + lambda * MSE to the global prototypes
             return F.cross_entropy(m.head.linear(z), y) + lam * F.mse_loss(z, protos[y])
 

@@ -15,6 +15,11 @@ initial body (no global representation exists), so its generic accuracy is not m
 ``warmup_rounds`` rounds are plain FedAvg of the whole model, after which each client's body starts
 from the global body. Neither the paper's Table settings nor PerAda give this number (PerAda starts
 every method from one pretrained model), so the default is 0 (local representations from round 0).
+
+Reference check (tests/test_equivalence_flbench_ref.py, docs/papers/baselines.md): client body and
+head and the server's head average equal PFLlib's LG-FedAvg to 1.1e-16 in float64. FL-bench's
+``lgfedavg`` keeps the first layers global and the rest personal, the reverse of the paper, and
+was not followed.
 """
 
 from __future__ import annotations

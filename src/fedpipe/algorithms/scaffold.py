@@ -50,6 +50,10 @@ Implementation choices (documented, not in the paper):
 :func:`correct_gradients` and :func:`option2_control_variate` are reused by FedDC (whose option II
 has the same limitation under Adam), :func:`accumulate_gradients` by MoFedSAM; the small state-dict
 helpers below are shared by the other algorithm modules.
+
+Reference check (tests/test_equivalence_flbench_ref.py, docs/papers/baselines.md): client steps,
+option-II c_i and the server's x and c equal PFLlib's SCAFFOLD to 2.2e-16 in float64 with
+``fl.aggregation=uniform`` (PFLlib's 1/|S|).
 """
 
 from __future__ import annotations
