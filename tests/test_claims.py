@@ -4,6 +4,7 @@ the report's claims table, claims.md and claims.json end to end on files written
 
 import csv
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -228,11 +229,53 @@ def test_match_claim_is_an_equivalence_test():
     assert edge.p_opposite == pytest.approx(0.0742, abs=1e-4) and edge.status == "not shown"
 
 
+AT_LEAST = Claim("Paper (X 2020)", "m on par or better than b", "classification", "test_accuracy",
+                 "m", "b", "at_least", tolerance=0.05)
+
+
+def test_at_least_claim_is_a_non_inferiority_test():
+    # d = m - b = -0.01, -0.02, 0.00: mean -0.01, SE 0.00577; margin 5% of 0.6 = 0.03. The test of
+    # "d <= -margin": t = (-0.01 + 0.03) / SE = 3.464, p = t2_sf(3.464) = 0.0371 (held although m is
+    # a little lower on average: on par); scipy's ttest_rel of m + margin against b gives the same p
+    vals = {"m": seeds(0.59, 0.58, 0.60), "b": seeds(0.60, 0.60, 0.60)}
+    r = judge(AT_LEAST, vals)
+    se = se_of([-0.01, -0.02, 0.0])
+    assert r.threshold == pytest.approx(0.03) and r.mean_diff == pytest.approx(-0.01)
+    assert r.p == pytest.approx(t2_sf(0.02 / se)) and r.p == pytest.approx(0.0371, abs=1e-4)
+    ref = stats.ttest_rel([0.59 + 0.03, 0.58 + 0.03, 0.60 + 0.03], [0.6] * 3, alternative="greater")
+    assert r.p == pytest.approx(ref.pvalue) and r.p_opposite == pytest.approx(1 - ref.pvalue)
+    assert r.status == "held" and AT_LEAST.key == "paper/test_accuracy/m-ge-b"
+    # clearly worse than the margin: d = -0.10, -0.11, -0.09, contradicted
+    worse = judge(AT_LEAST, {"m": seeds(0.50, 0.49, 0.51), "b": seeds(0.60, 0.60, 0.60)})
+    assert worse.status == "contradicted"
+    # within the margin on average but too noisy: not shown
+    noisy = judge(AT_LEAST, {"m": seeds(0.65, 0.50, 0.62), "b": seeds(0.60, 0.60, 0.60)})
+    assert noisy.status == "not shown"
+    fact = judge(replace(AT_LEAST, fact=True), vals)  # each replicate within 5% of b: true
+    assert fact.status == "true"
+    assert judge(replace(AT_LEAST, fact=True), {"m": seeds(0.59, 0.5, 0.6),
+                                                "b": seeds(0.6, 0.6, 0.6)}).status == "false"
+
+
+def test_null_at_least_claim_on_the_margin_holds_at_most_five_percent():
+    """A true difference of exactly -margin (the boundary of "worse by the margin"), 8 paired
+    replicates, 20,000 draws (seed 7): held at the level (5%), never more than 3 binomial SEs above."""
+    rng = np.random.default_rng(7)
+    margin = 0.3
+    d = -margin + rng.standard_normal((20_000, 8))
+    mean, se, df = paired_stats(d)
+    p, _ = directional_p(mean + margin, se, df)
+    rate = (p <= ALPHA).mean()
+    assert abs(rate - ALPHA) <= 3 * math.sqrt(ALPHA * (1 - ALPHA) / 20_000)
+
+
 def test_claim_validation():
     with pytest.raises(ValueError, match="tolerance"):
         Claim("P", "x", "diffusion", "fid", "m", "b", "lower", tolerance=0.1)
     with pytest.raises(ValueError, match="tolerance"):
         Claim("P", "x", "diffusion", "fid", "m", "b", "match")
+    with pytest.raises(ValueError, match="tolerance"):
+        Claim("P", "x", "diffusion", "fid", "m", "b", "at_least")
     with pytest.raises(ValueError, match="both"):
         Claim("P", "x", "diffusion", "fid", "m", "m", "lower")
     with pytest.raises(ValueError, match="track"):

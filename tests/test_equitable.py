@@ -248,7 +248,8 @@ def test_deterministic_and_resumable(name, tmp_path):
 # -- studies, evaluation and claims ----------------------------------------------------------------
 @pytest.mark.parametrize(("preset", "clusters", "model"), [
     ("equitable_mnist", 2, "mlp"), ("equitable_cifar10", 2, "lenet"),
-    ("equitable_cifar100", 3, "cnn_cifar100"), ("equitable_smoke", 2, "mlp")])
+    ("equitable_cifar100", 3, "cnn_cifar100"), ("equitable_smoke", 2, "mlp"),
+    ("equitable_mnist5k", 2, "mlp")])
 def test_study_presets_compose_and_validate(tmp_path, preset, clusters, model):
     from pathlib import Path
 
@@ -263,13 +264,17 @@ def test_study_presets_compose_and_validate(tmp_path, preset, clusters, model):
                                            output=str(tmp_path / "p.yaml")).read_text())
     assert params["study"]["diffusion_algorithms"] == [] and len(params["study"]["seeds"]) >= 3
     assert params["partition"]["scheme"] == "label_blocks" and params["fl"]["participation"] == 0.4
+    assert params["partition"]["local_test"] == "classes"  # σ_Acc on every test image of the classes
     partition_stage_config(params)
     cfgs = {a: train_config(params, a) for a in params["study"]["algorithms"]}
     assert set(cfgs) == {"centralized", "fedprox", "equitable_fl", "cluster2", "pow_d", "gifair",
                          "fairfed"}
     assert cfgs["equitable_fl"].algo_cfg.num_clusters == clusters == len(params["partition"]["groups"])
     assert cfgs["fedprox"].model.name == model
-    if preset != "equitable_smoke":
+    if preset == "equitable_mnist5k":  # real MNIST images, Table 1's groups, K = 100 of 250
+        assert params["dataset"]["name"] == "mnist5k" and params["partition"]["groups"] == [4, 6]
+        assert params["fl"]["rounds"] == 100 and params["fl"]["local"]["epochs"] == 5
+    elif preset != "equitable_smoke":
         assert params["fl"]["rounds"] == 250 and params["fl"]["local"]["epochs"] == 5
 
 
@@ -309,6 +314,16 @@ def test_equitable_claims_and_the_constant_reference():
                                 "seeds": [0, 1, 2]}, "study")
     by = {(c.method, c.baseline, c.metric): c for c in eq.claims(study)}
     assert by[("equitable_fl", "fedprox", "sigma_acc_global")].direction == "lower"
+    # the lowest σ_Acc and CD of all: one claim per baseline in the study, one σ_Acc reading
+    assert {(m, b) for m, b, metric in by if metric in ("sigma_acc_global", "cd_mean")
+            and m == "equitable_fl"} == {("equitable_fl", "fedprox"), ("equitable_fl", "fairfed")}
+    assert not {metric for *_, metric in by} & {"sigma_acc_std", "sigma_acc_global_cma"}
+    full = build(StudyConfig, {"algorithms": ["centralized", "fedprox", "equitable_fl", "cluster2",
+                                              "pow_d", "gifair", "fairfed"]}, "study")
+    keys = {c.key for c in eq.claims(full) if not c.fact}
+    assert {f"equitablefl/sigma_acc_global/equitable_fl-lt-{b}" for b in eq.SIGMA_BASELINES} <= keys
+    assert {f"equitablefl/cd_mean/equitable_fl-lt-{b}" for b in eq.SIGMA_BASELINES} <= keys
+    assert len(keys) == 2 * 5 + 1 + 3 and not any("centralized" in k for k in keys)
     assert by[("fairfed", "fedprox", "sigma_acc_global")].direction == "higher"
     nmi = by[("equitable_fl", "perfect_clustering", "nmi_mixed_mean")]
     near = judge(nmi, {"equitable_fl": {0: 0.97, 1: 0.95, 2: 0.99}})

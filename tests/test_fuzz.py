@@ -250,6 +250,7 @@ for k, vals in {"classes": [1, 0, INF, "x"], "channels": [2, 0], "image_size": [
 add("partition", "partition.num_clients", [0, -1, INF, "ten", 2.5])
 add("partition", "partition.min_size", [-1, 10 ** 6, NAN])
 add("partition", "partition.local_test_size", [0, -5, "x"])
+add("partition", "partition.local_test", ["all", 1, None])
 add("partition", "partition.quantity_skew_sigma", [-1, INF, NAN, 6])
 add("partition", "partition.feature_skew", ["blur", 1])
 add("partition", "partition.feature_skew_values", [[1.0], "x"])  # with feature_skew none

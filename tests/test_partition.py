@@ -216,6 +216,27 @@ def test_local_test_follows_client_distribution():
     assert [len(t) for t in part2.test] == [50, 50, 50, 50]
 
 
+def test_local_test_classes_is_every_test_image_of_the_clients_classes():
+    # label blocks: clients 0-1 own classes 0-1, clients 2-4 own classes 2-4 (Equitable-FL's groups)
+    y = np.repeat(np.arange(5), 60)
+    y_test = np.repeat(np.arange(5), 30)
+    cfg = partition_config({"scheme": "label_blocks", "num_clients": 5, "groups": [2, 3],
+                            "blocks": [2, 3], "local_test": "classes"})
+    part = make_partition(y, y_test, 5, cfg, 0)
+    small = np.flatnonzero(y_test < 2)
+    large = np.flatnonzero(y_test >= 2)
+    for i, te in enumerate(part.test):
+        assert np.array_equal(te, small if i < 2 else large)  # the group's classes, every image
+    assert part.meta["params"]["local_test"] == "classes"
+    drawn = make_partition(y, y_test, 5, partition_config(
+        {"scheme": "label_blocks", "num_clients": 5, "groups": [2, 3], "blocks": [2, 3]}), 0)
+    assert [len(t) for t in drawn.test] == [30] * 5  # the proportional share: 150 / 5 each
+    with pytest.raises(ConfigError, match="local_test_size"):
+        partition_config({"scheme": "iid", "local_test": "classes", "local_test_size": 10})
+    with pytest.raises(ConfigError, match="partition.local_test"):
+        partition_config({"scheme": "iid", "local_test": "all"})
+
+
 def test_apportion_hand_computed():
     assert apportion(10, [1, 1, 1]).tolist() == [4, 3, 3]
     # 3.5, 1.75, 1.75 -> floors 3, 1, 1; the two largest remainders (.75) get the 2 left

@@ -23,20 +23,25 @@ from fedpipe.pipeline.inputs import partition_file
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
 
-# Recorded from the code before replicates (main at 37e1f45), on the CPU with one torch thread: the
-# default partition (root seed 0; its MD5 is the one dvc.lock held for data/partition/partition.safetensors),
-# the root-seed-1 partition, a 2-round FedAvg run with training seed 0 on the seed-0 partition, and a
-# tiny warm-up and auxiliary set (4 IID clients, T = 10, 1 epoch) from root seed 0.
+# Recorded from the code before replicates (main at 37e1f45), on the CPU with one torch thread: a
+# 2-round FedAvg run with training seed 0 on the default seed-0 partition, and a tiny warm-up and
+# auxiliary set (4 IID clients, T = 10, 1 epoch) from root seed 0.
 BEFORE = {
-    "partition_seed0": "bcb52ae5e6e210ffc7f2a84bc4e9d693a352d54e93bc954bd812bdce121490d6",
-    "partition_seed1": "df326e0c6abcea385581b63064f56dfdcb441e46cfcb425ffff4ca3fa1deebb3",
     "federate_fedavg_seed0_model": "0d64bb7fd4a3b123dc1f495c72624f63190a635a5e48e527683dc3ebeb6b52c1",
-    "partition_tiny_iid_seed0": "1249b32b7a844307f9972fd59074e9c39a7966e49dd3d03e375296f6b723bb0e",
     "warmup_client0_tensors": "19756956b016f7434dd2e9faf118b48359b70c8cc22f297492ac6bc3224a076c",
     "generate_aux_tensors": "63caaf1038dc4c030f7b8294ad529959967d30f61943aee66e0e505606ea3324",
 }
 
-
+# The tensors (client train / test indices) of the default partition at replicates 0 and 1 and of a
+# tiny IID one (4 clients, replicate 0), recorded from main at 344f2e4, whose partition files had
+# the bytes of 37e1f45 (replicate 0's MD5 was the one dvc.lock held for the root-seed partition): a
+# partition file's metadata holds the partition params, so a new partition key (local_test) changes
+# its bytes but not its draw.
+BEFORE_TENSORS = {
+    "partition_seed0": "74925c5f46a3c3df455268cc284d04f88a314838aedfeb842fa3f42c75f1bcb7",
+    "partition_seed1": "8bf9c811181ca9df848683dc03700ac255793e712317f2eedc7ab932e60cd46a",
+    "partition_tiny_iid_seed0": "58d9db42ac0f3d3bb3ae6a2c8a1ba8b861b1af125ca6eeea4eececa3338736de",
+}
 
 
 def sha(path: Path) -> str:
@@ -74,9 +79,9 @@ def test_replicate_zero_is_the_run_before_replicates(tmp_path, one_thread):
     for root_seed in (0, 7):  # the root seed seeds only what replicates share
         partition_and_write(partition_stage_config(with_changes(PARAMS, seed=root_seed), 0),
                             parts / f"root{root_seed}" / "seed_0")
-        assert sha(partition_file(0, parts / f"root{root_seed}")) == BEFORE["partition_seed0"]
+        assert tensors_sha(partition_file(0, parts / f"root{root_seed}")) == BEFORE_TENSORS["partition_seed0"]
     partition_and_write(partition_stage_config(PARAMS, 1), parts / "seed_1")
-    assert sha(partition_file(1, parts)) == BEFORE["partition_seed1"]  # the seed-1 draw of before
+    assert tensors_sha(partition_file(1, parts)) == BEFORE_TENSORS["partition_seed1"]  # seed 1's draw
 
     p = with_changes(PARAMS, **{"fl/rounds": 2, "fl/local/epochs": 1})
     cfg = train_config(p, "fedavg", 0)
@@ -92,7 +97,7 @@ def test_replicate_zero_is_the_run_before_replicates(tmp_path, one_thread):
     q["partition"].pop("shards_per_client", None)
     dp = tmp_path / "dpart"
     partition_and_write(partition_stage_config(q, 0), dp / "seed_0")
-    assert sha(partition_file(0, dp)) == BEFORE["partition_tiny_iid_seed0"]
+    assert tensors_sha(partition_file(0, dp)) == BEFORE_TENSORS["partition_tiny_iid_seed0"]
     warmup(diffusion_stage_config(q, "warmup", 0), tmp_path / "warmup", partition_file(0, dp),
            progress=False, workers=1)
     assert tensors_sha(tmp_path / "warmup/models/client_000.safetensors") == BEFORE["warmup_client0_tensors"]
@@ -188,7 +193,7 @@ def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
     assert {"partition@0", "warmup@0", "generate@0", "aux_quality@0", "server_data@0",
             "backbone@0", "federate@fedavg-0", "federate@fedprox-0", "federate_ddpm@fedavg-0",
             "feature_extractor", "evaluate", "report", "plan"} == first
-    assert sha(tmp_path / "data/partition/seed_0/partition.safetensors") == BEFORE["partition_seed0"]
+    assert tensors_sha(tmp_path / "data/partition/seed_0/partition.safetensors") == BEFORE_TENSORS["partition_seed0"]
     assert repro() == {"plan"}  # always_changed; nothing else
 
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
@@ -198,7 +203,7 @@ def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
            "federate@fedavg-1", "federate@fedprox-1", "federate_ddpm@fedavg-1"}
     # evaluate and report aggregate over replicates; the shared feature extractor stays cached
     assert repro() == new | {"plan", "evaluate", "report"}
-    assert sha(tmp_path / "data/partition/seed_1/partition.safetensors") == BEFORE["partition_seed1"]
+    assert tensors_sha(tmp_path / "data/partition/seed_1/partition.safetensors") == BEFORE_TENSORS["partition_seed1"]
     # the new replicate read its own upstream files (the stand-ins name the stage that wrote them)
     assert (tmp_path / "data/server_data/seed_1/made_by.txt").read_text() == "server_data@1\n"
 

@@ -15,12 +15,19 @@ planted groups.
 Claims, as the paper states them (Table 2's MNIST column in ``source``, the setting our smoke study
 scales down; the direction holds in all eight columns of Tables 2-3 unless said):
 
-1. Equitable-FL's σ_Acc is below FedProx's (Tables 2-3, all 8 settings; MNIST MLP 1.17 vs 2.26):
-   both readings, and the round-averaged curve (Fig. 4).
+1. Equitable-FL has the lowest σ_Acc of all methods (Tables 2-3, all 8 settings; MNIST MLP 1.17
+   against FedProx 2.26, GIFAIR 2.34, Pow-d 3.61, Cluster2 4.51, FairFed 20.2): one claim per
+   baseline in the study, GIFAIR (given the true groups) included. One reading of σ_Acc is judged:
+   the literal one of §5's definition ("the standard deviation between the global test accuracy and
+   each client's accuracy", ``sigma_acc_global``: the RMS deviation of the client accuracies from the
+   global one); the std of the client accuracies and the round-averaged curve (Fig. 4) measure the
+   same effect and are shown in the report, not counted again (docs/papers/equitable_fl.md).
 2. Equitable-FL's accuracy is above FedProx's (Tables 2-3: best in 6 of 8, MNIST 97.75 vs 96.97).
    Encoded as the paper states it ("higher"), so a tie within noise reads "not shown"; the report
    shows the difference and its SE.
-3. Equitable-FL's client disagreement CD is below FedProx's throughout training (Fig. 3).
+3. Equitable-FL's client disagreement CD is the lowest (§5: "consistently outperforms other
+   baselines in reducing client disagreement", Fig. 3, all 8 panels; no numbers given): one claim per
+   baseline in the study, on CD averaged over the rounds (eq. 9).
 4. The activation clustering recovers the planted groups: NMI "close to 1" (Fig. 2). The paper gives
    no number; read as |NMI - 1| <= 0.1 on every replicate, a fact (reported beside the claims, never
    counted as held): with disjoint label blocks per group the groups are separable and the NMI is
@@ -31,9 +38,16 @@ scales down; the direction holds in all eight columns of Tables 2-3 unless said)
 5. The baselines' ordering (§5 and Table 2; spec §6.6): FairFed's σ_Acc is above FedProx's (MNIST
    20.2 vs 2.26), as are Cluster2's (4.51) and pow-d's (3.61).
 
-Not encoded: "best accuracy among all baselines" (needs more than two arms), the ablations (Tables
-4-5: C, E and mu sweeps are separate studies), FEMNIST's exceptions, and the Centralized row: the
-paper gives it "just for reference" and claims nothing of it, so it is printed, not judged.
+σ_Acc's resolution: a client's accuracy is measured on its local test split. The Equitable-FL
+studies give each client every test image of the classes it holds (``partition.local_test:
+classes``, the spec's reading of the paper's per-client test set): on the digits smoke study the
+groups' splits hold 135 and 315 images (a step of 0.74 and 0.32 points), on mnist5k 500 and 750
+(0.2 and 0.13 points), against the paper's MNIST gap of 1.1 points (2.26 vs 1.17).
+docs/papers/equitable_fl.md.
+
+Not encoded: "best accuracy among all baselines" (Tables 2-3: best in 6 of 8, not all), the ablations
+(Tables 4-5: C, E and mu sweeps are separate studies), FEMNIST's exceptions, and the Centralized row:
+the paper gives it "just for reference" and claims nothing of it, so it is printed, not judged.
 """
 
 from __future__ import annotations
@@ -96,38 +110,35 @@ def _t2(algo: str, i: int) -> str:
     return f"{TABLE2_MNIST[algo][i]:.2f}"
 
 
+SIGMA_BASELINES = ("fedprox", "gifair", "pow_d", "cluster2", "fairfed")
+"""Every FL method of Tables 2-3 (Centralized is a reference row): claims 1 and 3 hold Equitable-FL's
+σ_Acc and CD below each."""
+
+
 def claims(study: StudyConfig) -> list[Claim]:
     if "equitable_fl" not in study.algorithms:
         return []
-    sigma_src = (f"Tables 2-3, all 8 settings; Table 2 MNIST σ_Acc {_t2('equitable_fl', 1)} vs "
-                 f"{_t2('fedprox', 1)}")
-    out = [
-        Claim(PAPER, "Equitable-FL σ_Acc < FedProx σ_Acc (reading: RMS deviation from the global "
-              "accuracy)", "classification", "sigma_acc_global", "equitable_fl", "fedprox", "lower",
-              sigma_src),
-        Claim(PAPER, "Equitable-FL σ_Acc < FedProx σ_Acc (reading: std of client accuracies)",
-              "classification", "sigma_acc_std", "equitable_fl", "fedprox", "lower", sigma_src),
-        Claim(PAPER, "Equitable-FL σ_Acc curve (mean over rounds) < FedProx's", "classification",
-              "sigma_acc_global_cma", "equitable_fl", "fedprox", "lower",
-              "Fig. 4 (CMA of σ_Acc per round): Equitable-FL lowest in all 8 panels"),
-        Claim(PAPER, "Equitable-FL accuracy > FedProx accuracy", "classification", "test_accuracy",
-              "equitable_fl", "fedprox", "higher",
-              f"Tables 2-3 (best in 6 of 8); Table 2 MNIST {_t2('equitable_fl', 0)} vs "
-              f"{_t2('fedprox', 0)}"),
-        Claim(PAPER, "Equitable-FL client disagreement CD < FedProx CD", "classification", "cd_mean",
-              "equitable_fl", "fedprox", "lower", "Fig. 3 (CMA of CD per round, eq. 9): lowest "
-              "throughout, all 8 panels; no numbers given"),
-        Claim(PAPER, f"Equitable-FL clustering NMI close to 1 (within {NMI_TOLERANCE}; rounds with "
-              "≥ 2 planted groups among the participants)", "classification", "nmi_mixed_mean",
-              "equitable_fl", "perfect_clustering", "match", "Fig. 2: \"NMIs are close to "
-              "1\" (ResNet-18, all 4 datasets; no numbers given)", tolerance=NMI_TOLERANCE,
-              reference=1.0, fact=True),
-    ]
-    for b in ("fairfed", "cluster2", "pow_d"):
-        out.append(Claim(PAPER, f"{NAMES[b]} σ_Acc > FedProx σ_Acc", "classification",
-                         "sigma_acc_global", b, "fedprox", "higher",
-                         f"Tables 2-3 and §5 (spec §6.6); Table 2 MNIST {_t2(b, 1)} vs "
-                         f"{_t2('fedprox', 1)}"))
+    others = [b for b in SIGMA_BASELINES if b in study.algorithms]
+    out = [Claim(PAPER, f"Equitable-FL σ_Acc < {NAMES[b]} σ_Acc (the lowest of all)", "classification",
+                 "sigma_acc_global", "equitable_fl", b, "lower",
+                 f"Tables 2-3, all 8 settings; Table 2 MNIST σ_Acc {_t2('equitable_fl', 1)} vs "
+                 f"{_t2(b, 1)}") for b in others]
+    out.append(Claim(PAPER, "Equitable-FL accuracy > FedProx accuracy", "classification",
+                     "test_accuracy", "equitable_fl", "fedprox", "higher",
+                     f"Tables 2-3 (best in 6 of 8); Table 2 MNIST {_t2('equitable_fl', 0)} vs "
+                     f"{_t2('fedprox', 0)}"))
+    out += [Claim(PAPER, f"Equitable-FL client disagreement CD < {NAMES[b]} CD", "classification",
+                  "cd_mean", "equitable_fl", b, "lower", "§5, Fig. 3 (CMA of CD per round, eq. 9): "
+                  "lowest throughout, all 8 panels; no numbers given") for b in others]
+    out.append(Claim(PAPER, f"Equitable-FL clustering NMI close to 1 (within {NMI_TOLERANCE}; rounds "
+                     "with ≥ 2 planted groups among the participants)", "classification",
+                     "nmi_mixed_mean", "equitable_fl", "perfect_clustering", "match",
+                     "Fig. 2: \"NMIs are close to 1\" (ResNet-18, all 4 datasets; no numbers given)",
+                     tolerance=NMI_TOLERANCE, reference=1.0, fact=True))
+    out += [Claim(PAPER, f"{NAMES[b]} σ_Acc > FedProx σ_Acc", "classification", "sigma_acc_global", b,
+                  "fedprox", "higher", f"Tables 2-3 and §5; Table 2 MNIST {_t2(b, 1)} vs "
+                  f"{_t2('fedprox', 1)}") for b in ("fairfed", "cluster2", "pow_d")
+            if b in study.algorithms and "fedprox" in study.algorithms]
     return out
 
 

@@ -8,32 +8,37 @@ weighted equally over the classes it owns / by its label distribution; mean over
 ``pm_l_client_std`` (the standard deviation of PM(L) across clients, Table 2). Unlike the official
 code, which averages PM over the clients of the last round, every client is evaluated.
 
-Claims, as the paper states them (encoded only in studies that run ``fednh``):
+Claims, as the paper states them (encoded only in studies that run ``fednh``; each against the
+arms the study runs):
 
-1. FedNH's GM is higher than FedAvg's (Table 1: all six CIFAR columns, e.g. CIFAR-10 Dir(0.3)
-   69.01 vs 66.40, CIFAR-100 Dir(0.3) 41.34 vs 35.14).
-2. FedNH's PM(V) and PM(L) are higher than FedAvg's (Table 1: all six CIFAR columns; PM(L)
-   CIFAR-10 Dir(0.3) 84.63 vs 84.08, the smallest margin).
-3. Methods that do not share the head (FedPer, FedRep, FedBABU) have a GM far below their PM: the
-   global model is evaluated with the head initialised at the start (§4.1), e.g. FedRep CIFAR-100
-   Dir(0.3) GM 5.42 vs PM(L) 29.45. Checked as GM < PM(L), which holds in every column of Table 1
-   for the three (against PM(V) it does not: FedPer CIFAR-10 GM 61.58 > PM(V) 59.66). The PM(L)
-   arm is the algorithm's name with ``_pm_l`` appended (:func:`with_pm_arms`).
-4. Local has the lowest PM(V): claimed against each method that is above Local in all four CIFAR
-   PM(V) columns of Table 1 (:data:`LOCAL_BELOW`, computed from the table: FedAvg, FedPer, Ditto,
-   CReFF, FedBABU, FedROD, FedNH). Not against FedRep (CIFAR-100 Dir(0.3): FedRep 13.59 < Local
-   13.63) nor FedProto (below Local in 3 of the 4 columns, CIFAR-10 Dir(0.3) 41.48 vs 42.79).
+1. FedNH's GM is higher than FedAvg's (§1: FedNH "can effectively improve both personalized and
+   global model classification accuracy"; Table 1, every column, e.g. CIFAR-10 Dir(0.3) 69.01 vs
+   66.40, CIFAR-100 Dir(0.3) 41.34 vs 35.14).
+2. FedNH's GM is on par with or better than FedROD's, the state of the art it is compared with (§1:
+   "on par or better than the state-of-the-art"): a non-inferiority claim (``at_least``) with a
+   margin of :data:`GM_MARGIN` of FedROD's GM, FedNH's largest shortfall in Table 1 (CIFAR-10
+   Dir(0.3): 69.01 vs 72.31, 4.6%; FedNH is ahead on CIFAR-100 and TinyImageNet). The margin is
+   read off the paper's table: docs/papers/fednh.md.
+3. FedNH has the best PM(V) (§4.2: "FedNH has the best PM(V) testing accuracy in almost all
+   cases"): FedNH's PM(V) is higher than each other method's in the study (Table 1; the one
+   exception in the CIFAR columns is FedROD at CIFAR-10 Dir(0.3), 65.66 vs 65.02).
+4. FedNH's PM(L) is higher than FedAvg's, the strong baseline of §4.2 ("personalized models from
+   FedAvg serve as the strong baseline"; Table 1: all six CIFAR columns, CIFAR-10 Dir(0.3) 84.63 vs
+   84.08, the smallest margin).
 
 Not encoded: the across-client std of PM(L) ("FedNH improves all clients more equally", Table 2)
 does not hold in the paper's own CIFAR-100 column (FedBABU 3.89 < FedNH 3.91) and is printed, not
 judged; the semantic structure of the prototypes (Fig. 3) and the rho sweep (Fig. 4) need runs this
-track does not make.
+track does not make. Two checks that earlier versions judged are gone: "a method that does not share
+its head has a GM below its PM(L)" (FedPer, FedRep, FedBABU evaluate the global model with the head
+initialised at the start, §4.1) and "Local has the lowest PM(V)": both hold by construction and
+test nothing (claim 3 holds FedNH above Local).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fedpipe.claims import Claim
 
@@ -47,8 +52,6 @@ NAMES = {"fedavg": "FedAvg", "local": "Local", "fedper": "FedPer", "ditto": "Dit
          "fedrep": "FedRep", "fedproto": "FedProto", "creff": "CReFF", "fedbabu": "FedBABU",
          "fedrod": "FedROD", "fednh": "FedNH"}
 NO_GM = ("local", "fedproto")  # Table 1: "—" (no global model)
-HEAD_NOT_SHARED = ("fedper", "fedrep", "fedbabu")
-PM_SUFFIX = "_pm_l"
 
 # Table 1 (100 clients, participation 0.1, 200 rounds; mean of 3 runs):
 # GM, PM(V), PM(L) at Dir(0.3), then at Dir(1.0); None = "—"
@@ -89,10 +92,9 @@ TABLE2: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 
-PM_V_COLUMNS = (1, 4)
-LOCAL_BELOW = tuple(m for m in TABLE1["cifar10"] if m != "local" and all(
-    TABLE1[ds]["local"][c] < TABLE1[ds][m][c] for ds in TABLE1 for c in PM_V_COLUMNS))
-"""Methods whose PM(V) is above Local's in every CIFAR column of Table 1."""
+GM_MARGIN = 0.05
+"""Claim 2's margin, relative to FedROD's GM: FedNH's largest GM shortfall against FedROD in Table 1
+(CIFAR-10 Dir(0.3), 69.01 vs 72.31: 4.6%), rounded up."""
 
 
 def _cols(method: str, baseline: str, col: int) -> str:
@@ -109,41 +111,22 @@ def claims(study: StudyConfig) -> list[Claim]:
     algos = set(study.algorithms)
     if "fednh" not in algos:
         return []
-    source = f"Table 1, all six CIFAR columns; Dir(0.3): {_cols('fednh', 'fedavg', 0)}"
-    out = [Claim(PAPER, "FedNH GM > FedAvg GM", "classification", "test_accuracy", "fednh",
-                 "fedavg", "higher", source)]
-    for metric, name, col in (("pm_v_mean", "PM(V)", 1), ("pm_l_mean", "PM(L)", 2)):
-        out.append(Claim(PAPER, f"FedNH {name} > FedAvg {name}", "classification", metric, "fednh",
-                         "fedavg", "higher",
-                         f"Table 1, all six CIFAR columns; Dir(0.3): {_cols('fednh', 'fedavg', col)}"))
-    for m in HEAD_NOT_SHARED:
-        if m not in algos:
-            continue
-        nums = ", ".join(f"{ds} {TABLE1[ds][m][0]:.2f} vs {TABLE1[ds][m][2]:.2f}" for ds in TABLE1)
-        out.append(Claim(PAPER, f"{NAMES[m]} GM (initial head) < {NAMES[m]} PM(L)", "classification",
-                         "test_accuracy", m, m + PM_SUFFIX, "lower",
-                         f"§4.1-4.2, Table 1 (every column); Dir(0.3) GM vs PM(L): {nums}"))
-    if "local" in algos:
-        for m in LOCAL_BELOW:
-            if m in algos:
-                out.append(Claim(PAPER, f"Local PM(V) < {NAMES[m]} PM(V)", "classification",
-                                 "pm_v_mean", "local", m, "lower",
-                                 f"Table 1, every column; Dir(0.3): {_cols('local', m, 1)}"))
-    return out
-
-
-def with_pm_arms(per_seed: Mapping[str, Mapping[str, Mapping[str, float]]]
-                 ) -> dict[str, Any]:
-    """``per_seed`` ({algorithm: {seed: metrics}}, the evaluate stage's seeds.json) with one more arm
-    per algorithm that has PM(L): ``<algorithm>_pm_l``, whose ``test_accuracy`` is that algorithm's
-    PM(L), so that claim 3 compares an algorithm's GM with its own PM(L)."""
-    out: dict[str, Any] = dict(per_seed)
-    for algo, seeds in per_seed.items():
-        pm = {s: {"test_accuracy": m["pm_l_mean"]} for s, m in seeds.items()
-              if m.get("pm_l_mean") is not None}
-        if pm and algo + PM_SUFFIX not in out:
-            out[algo + PM_SUFFIX] = pm
-    return out
+    out = [Claim(PAPER, "FedNH GM > FedAvg GM", "classification", "test_accuracy", "fednh", "fedavg",
+                 "higher", f"§1; Table 1, every column; Dir(0.3): {_cols('fednh', 'fedavg', 0)}")]
+    if "fedrod" in algos:
+        out.append(Claim(PAPER, "FedNH GM on par with or above FedROD GM", "classification",
+                         "test_accuracy", "fednh", "fedrod", "at_least",
+                         f"§1 \"on par or better\"; Table 1 GM, Dir(0.3): {_cols('fednh', 'fedrod', 0)}; "
+                         f"margin {GM_MARGIN:.0%} of FedROD's GM", tolerance=GM_MARGIN))
+    for m in NAMES:
+        if m in algos and m != "fednh":
+            out.append(Claim(PAPER, f"FedNH PM(V) > {NAMES[m]} PM(V)", "classification", "pm_v_mean",
+                             "fednh", m, "higher", "§4.2 \"the best PM(V) in almost all cases\"; "
+                             f"Table 1, Dir(0.3): {_cols('fednh', m, 1)}"))
+    out.append(Claim(PAPER, "FedNH PM(L) > FedAvg PM(L)", "classification", "pm_l_mean", "fednh",
+                     "fedavg", "higher",
+                     f"Table 1, all six CIFAR columns; Dir(0.3): {_cols('fednh', 'fedavg', 2)}"))
+    return [c for c in out if c.baseline in algos]
 
 
 def _ours(m: Mapping[str, float], key: str) -> str:

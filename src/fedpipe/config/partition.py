@@ -12,6 +12,7 @@ from fedpipe.config.core import build_selected, check, one_of
 from fedpipe.config.dataset import DatasetConfig
 
 FEATURE_SKEWS = ("none", "rotation", "noise")
+LOCAL_TESTS = ("drawn", "classes")
 DEFAULT_SKEW_VALUES = {"none": [], "rotation": [0.0, 90.0, 180.0, 270.0],
                        "noise": [0.0, 0.05, 0.1, 0.2]}
 
@@ -22,9 +23,13 @@ class PartitionConfig:
 
     - ``num_clients``: N.
     - ``min_size``: every client must get at least this many training samples.
-    - ``local_test_size``: size of each client's local test split, drawn from the official test set
-      with the client's training label distribution; ``null`` = the client's proportional share of
-      the test set (n_test * m_i / n_train).
+    - ``local_test``: how each client's local test split is made from the official test set:
+      ``drawn`` = a sample with the client's training label distribution, of ``local_test_size``
+      images; ``classes`` = every test image of each class the client holds (Equitable-FL's
+      per-client test set, docs/papers/equitable_fl.md: clients owning the same classes share it, so
+      a client accuracy resolves about 1 / (its classes' test images), not 1 / its small share).
+    - ``local_test_size``: size of each drawn local test split (``local_test: drawn``); ``null`` =
+      the client's proportional share of the test set (n_test * m_i / n_train).
     - ``quantity_skew_sigma``: log-normal client sizes: client weights w_i = exp(N(0, sigma^2)) scale
       the share of every class a client receives (0 = off). Works on top of every label scheme.
     - ``feature_skew``: ``none``, ``rotation`` (degrees) or ``noise`` (Gaussian std, in [0,1] pixel
@@ -35,6 +40,7 @@ class PartitionConfig:
     scheme: str = "iid"
     num_clients: int = 10
     min_size: int = 1
+    local_test: str = "drawn"
     local_test_size: int | None = None
     quantity_skew_sigma: float = 0.0
     feature_skew: str = "none"
@@ -44,6 +50,10 @@ class PartitionConfig:
         one_of(f"{p}.scheme", self.scheme, PARTITION_CONFIGS)
         check(self.num_clients >= 1, f"{p}.num_clients", self.num_clients, "an integer >= 1")
         check(self.min_size >= 0, f"{p}.min_size", self.min_size, "an integer >= 0")
+        one_of(f"{p}.local_test", self.local_test, LOCAL_TESTS)
+        if self.local_test == "classes":
+            check(self.local_test_size is None, f"{p}.local_test_size", self.local_test_size,
+                  "null with local_test: classes (every test image of the client's classes)")
         if self.local_test_size is not None:
             check(self.local_test_size >= 1, f"{p}.local_test_size", self.local_test_size,
                   "null or an integer >= 1")

@@ -210,6 +210,13 @@ def local_test_split(train_labels: np.ndarray, test_labels: np.ndarray, client_t
     return np.sort(np.concatenate(chosen)).astype(np.int64) if chosen else np.empty(0, np.int64)
 
 
+def class_test_split(train_labels: np.ndarray, test_labels: np.ndarray, client_train: np.ndarray
+                     ) -> np.ndarray:
+    """Indices of every official test image whose class the client holds (``local_test: classes``)."""
+    held = np.unique(train_labels[client_train])
+    return np.flatnonzero(np.isin(test_labels, held)).astype(np.int64)
+
+
 @dataclass
 class Partition:
     """Per-client train indices (into the train split), local test indices (into the test split),
@@ -271,8 +278,11 @@ def make_partition(train_labels: np.ndarray, test_labels: np.ndarray, num_classe
         raise ConfigError("partition.min_size", cfg.min_size,
                           f"a size every client reaches: scheme {cfg.scheme} gave a client "
                           f"{smallest} samples")
-    tests = [local_test_split(train_labels, test_labels, p, num_classes, cfg.local_test_size,
-                              seed, i) for i, p in enumerate(parts)]
+    if cfg.local_test == "classes":
+        tests = [class_test_split(train_labels, test_labels, p) for p in parts]
+    else:
+        tests = [local_test_split(train_labels, test_labels, p, num_classes, cfg.local_test_size,
+                                  seed, i) for i, p in enumerate(parts)]
     values = cfg.skew_values()
     per_client = [values[i % len(values)] for i in range(cfg.num_clients)] if values else []
     meta: dict[str, Any] = {

@@ -239,7 +239,8 @@ def _difference(r: ClaimResult) -> str:
     if r.se is not None:
         out += f", SE {r.se:.3g} ({r.test}, n={r.n})"
     if r.threshold is not None:
-        out += f"; margin ±{r.threshold:.4g}"
+        sign = "−" if r.claim.direction == "at_least" else "±"
+        out += f"; margin {sign}{r.threshold:.4g}"
     return out
 
 
@@ -411,7 +412,7 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
         write_placeholder(out / "fid_curves.png", "no diffusion-track method in this study")
         write_csv(out / "fid_history.csv", FID_HISTORY_COLUMNS, [])
     cls, cls_seeds = read_classification(evaluate_dir)
-    tracks["classification"] = fednh_claims.with_pm_arms(cls_seeds)  # GM-vs-own-PM claims
+    tracks["classification"] = cls_seeds
     lines += classification_table(cls) + [""]
     lines += fednh_claims.report_section(study, cls)  # Table 1/2 beside ours (FedNH studies)
     lines += fedptr_claims.report_section(study, cls)  # Tables 1/2/7 beside ours (FedPTR)
