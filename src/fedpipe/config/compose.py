@@ -26,6 +26,7 @@ def check_composed(params: dict[str, Any]) -> None:
 
     check_sections(params)
     study = build(StudyConfig, params.get("study"), "study")
+    study.check_graph()
     check_algorithms(study.algorithms, "study.algorithms")
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
     check_algorithm_sections(params.get("algorithms"))
