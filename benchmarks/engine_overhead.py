@@ -24,7 +24,6 @@ from fedpipe.fl.local import make_optimizer
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
 
-
 TARGET = 1.10
 """The engine may cost at most 10% over a plain PyTorch loop on the same steps."""
 
