@@ -44,7 +44,7 @@ def compose_params(root: str | Path = ".", overrides: list[str] | None = None,
     os.close(fd)
     try:
         compose_and_dump(Path(tmp), str(root / "conf"), None, "config",
-                         str(root / "hydra_plugins"), list(overrides or []))
+                         str(root), list(overrides or []))  # DVC's plugins_path: hydra_plugins/
         check_composed(load_params(tmp))
         mask = os.umask(0)
         os.umask(mask)
