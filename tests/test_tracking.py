@@ -364,3 +364,19 @@ def test_the_parent_run_is_the_study_with_its_params_claims_and_how_it_ended(tra
     parent = client.get_run(parent.info.run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics == {"claims.held": 2.0, "claims.not_shown": 1.0}
+
+
+def test_make_ui_prints_the_runs_table_of_the_projects_experiment(tracked):
+    """MLflow 3's home page is its GenAI page: the UI command names the runs table's address."""
+    tmp_path, uri = tracked
+    from fedpipe.tracking.ui import runs_table_url
+
+    assert runs_table_url(uri, []) is None  # nothing logged yet
+    with stage_run("plan", {}, 0):
+        pass
+    from mlflow.tracking import MlflowClient
+
+    exp_id = MlflowClient(tracking_uri=uri).get_experiment_by_name("fedpipe").experiment_id
+    assert runs_table_url(uri, []) == f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs"
+    assert runs_table_url(uri, ["--port", "5001", "--host", "0.0.0.0"]) == \
+        f"http://0.0.0.0:5001/#/experiments/{exp_id}/runs"
