@@ -7,9 +7,11 @@ data/federate_ddpm/<algorithm>/seed_<seed>/,
 data/evaluate/metrics.json and data/evaluate/seeds.json.
 Writes data/report/ (report.md, claims.md, fid_curves.png, metrics.json, claims.json); logs the
 summaries, each claim's verdict (claims/<key>/held, mean_diff, se, p_holm) and the files to MLflow,
-and the claims table (claims.md) to the study's parent run (artifact claims/claims.md).
+and the claims table (claims.md), the claim counts (claims.held, ...) and the FINISHED status to the
+study's parent run (artifact claims/claims.md).
 """
 
+from fedpipe.claims import summary as claims_summary
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params, partition_stage_config
 from fedpipe.config.core import build
@@ -36,6 +38,8 @@ def main() -> None:
         for p in out.plots:
             run.log_artifact(p, "report")
         run.log_parent_artifact(REPORT_DIR / "claims.md", "claims")  # the study's claims table
+        run.log_parent_metrics({f"claims.{k}": v for k, v in claims_summary(out.claims).items()})
+        run.finish_parent()  # the last stage: the pipeline execution ended well
     print(out.text)
 
 

@@ -1,9 +1,9 @@
 """DVC stage `server_data@<seed>`: the typed server data the study's classification methods declare
 (`algorithms.<name>.server_data`), written for replicate <seed> of `study.seeds` from its auxiliary
-set; see fedpipe.pipeline.server_data.
+set (only when a method reads it: study.server_data_from); see fedpipe.pipeline.server_data.
 
-Reads params: study.algorithms, algorithms, dataset (the ``holdout`` kind: ``holdout_fraction``;
-``public``: ``public_dataset``); data/generate/seed_<seed>/aux.safetensors. Writes
+Reads params: study.algorithms, study.server_data_from, algorithms, dataset (the ``holdout`` kind:
+``holdout_fraction``; ``public``: ``public_dataset``); data/generate/seed_<seed>/aux.safetensors. Writes
 data/server_data/seed_<seed>/.
 """
 
@@ -24,7 +24,9 @@ def main() -> None:
     seed = replicate_seed(stage_argument(sys.argv, "seed"))
     params = load_params()
     kinds = needed_kinds(params)  # validates before any data is loaded
-    read = {"study.algorithms": (params.get("study") or {}).get("algorithms"),
+    study = params.get("study") or {}
+    read = {"study.algorithms": study.get("algorithms"),
+            "study.server_data_from": study.get("server_data_from"),
             "algorithms": params.get("algorithms"), "dataset": params.get("dataset"), "seed": seed}
     aux = aux_file(seed)
     with stage_run(f"server_data@{seed}", read, seed) as run:

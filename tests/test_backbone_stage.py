@@ -93,7 +93,8 @@ def tiny_params(pretrain_rounds=2) -> dict:
     p["model"] = {"name": "resnet8", "kwargs": {}}
     p["fl"] |= {"rounds": 3, "participation": 0.3, "checkpoint_every": 1}
     p["fl"]["local"] |= {"epochs": 1}
-    p["study"] |= {"algorithms": ["fedavg", "perada_nokd", "perada"], "seeds": [1]}
+    p["study"] |= {"algorithms": ["fedavg", "perada_nokd", "perada"], "seeds": [1],
+                   "diffusion_seeds": [1]}
     for a in ("perada", "perada_nokd"):
         p["algorithms"][a] |= {"backbone": "fedavg", "pretrain_rounds": pretrain_rounds}
     return p
@@ -154,7 +155,7 @@ def test_an_unused_backbone_stage_writes_marked_placeholders_quickly(tmp_path):
     writes placeholders only; reading the model fails with one line."""
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
     params = yaml.safe_load(yaml.safe_dump(PARAMS))
-    params["study"] |= {"algorithms": ["fedavg"], "seeds": [3]}
+    params["study"] |= {"algorithms": ["fedavg"], "seeds": [3], "diffusion_seeds": [3]}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     write_plan(params, tmp_path)
     env = {**os.environ, "FEDPIPE_TRACKING": "off", "DVC_STAGE": "backbone@3",

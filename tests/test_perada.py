@@ -337,7 +337,8 @@ def test_plan_skips_the_diffusion_side_for_real_distillation_data():
     from fedpipe.pipeline.plan import uses_diffusion
 
     def params(source):
-        return {"study": {"algorithms": ["perada"], "diffusion_algorithms": []},
+        return {"study": {"algorithms": ["perada"], "diffusion_algorithms": [],
+                          "server_data_from": "generate" if source == "distill" else "partition"},
                 "algorithms": {"perada": {"server_data": source}}}
 
     assert not uses_diffusion(params("holdout")) and not uses_diffusion(params("public"))

@@ -145,11 +145,12 @@ def test_changing_generation_keeps_warmup(workdir):
     proc = sh(["dvc", "repro"], dst, env)
     study = params["study"]
     assert ran(proc) == {"plan", "report"} | {
-        f"{st}@{s}" for st in ("generate", "aux_quality", "server_data") for s in study["seeds"]} | {
+        f"{st}@{s}" for st in ("generate", "aux_quality") for s in study["seeds"]} | {
         f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"] for s in study["seeds"]}
-    # no classification method reads the auxiliary set: its runs are not redone
+    # no classification method reads the auxiliary set (study.server_data_from: partition): its
+    # server data and runs are not redone
     assert not {s.split("@")[0] for s in ran(proc)} & {"partition", "warmup", "feature_extractor",
-                                                         "evaluate"}
+                                                         "server_data", "evaluate"}
     assert not any(s.startswith("federate@") for s in ran(proc))
 
 

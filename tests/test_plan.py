@@ -21,7 +21,9 @@ def test_the_diffusion_side_is_used_by_a_diffusion_method_or_by_generated_server
     assert not uses_diffusion(params(["fedavg", "fedper"], []))
     assert uses_diffusion(params(["fedavg"], ["fedavg"]))
     # FedDDPM on the classification track declares the auxiliary set as its server data
-    assert uses_diffusion(params(["fedavg", "fedddpm"], []))
+    aux = params(["fedavg", "fedddpm"], [])
+    aux["study"]["server_data_from"] = "generate"
+    assert uses_diffusion(aux)
 
 
 def test_write_plan_writes_the_decision_and_the_track(tmp_path):

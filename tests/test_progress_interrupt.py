@@ -195,7 +195,7 @@ def test_a_failed_workspace_experiment_says_how_to_get_back(tmp_path, monkeypatc
     monkeypatch.setenv("DVC_EXP_NAME", "lr0.1")
     error, hint = stderr_lines()
     assert error.startswith("error: invalid config: dataset.name=")
-    assert hint.startswith("hint:") and "`git checkout params.yaml dvc.lock && dvc checkout`" in hint
+    assert hint.startswith("hint:") and "`git checkout params.yaml dvc.lock && dvc repro`" in hint
     queued = tmp_path / ".dvc" / "tmp" / "exps" / "tmpx1"
     queued.mkdir(parents=True)
     monkeypatch.chdir(queued)

@@ -165,7 +165,8 @@ def pipeline_copy(dst: Path, seeds: list[int]) -> dict:
     (dst / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     (dst / "stand_in.py").write_text(STAND_IN)
     params = with_changes(PARAMS, **{"study/algorithms": ["fedavg", "fedprox"],
-                              "study/diffusion_algorithms": ["fedavg"], "study/seeds": seeds})
+                              "study/diffusion_algorithms": ["fedavg"], "study/seeds": seeds,
+                              "study/diffusion_seeds": seeds})
     (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"),
             "DVC_NO_ANALYTICS": "1", "HOME": str(dst), "FEDPIPE_TRACKING": "off",
@@ -197,7 +198,7 @@ def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
     assert repro() == {"plan"}  # always_changed; nothing else
 
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
-    params["study"]["seeds"] = [0, 1]
+    params["study"]["seeds"] = params["study"]["diffusion_seeds"] = [0, 1]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     new = {"partition@1", "warmup@1", "generate@1", "aux_quality@1", "server_data@1", "backbone@1",
            "federate@fedavg-1", "federate@fedprox-1", "federate_ddpm@fedavg-1"}

@@ -332,3 +332,51 @@ def test_the_claims_table_is_an_artifact_of_the_parent_run(tracked):
     assert client.list_artifacts(report_id, "claims") == []
     got = client.download_artifacts(parent_id, "claims/claims.md", str(tmp_path / "dl"))
     assert Path(got).read_text().startswith("# Study s: claims")
+
+
+def test_the_parent_run_is_the_study_with_its_params_claims_and_how_it_ended(tracked):
+    """Named `<study> · <experiment>`, the whole params.yaml as params, FAILED when a stage fails,
+    FINISHED with the claim counts as metrics when the report ends it; every stage run carries the
+    dataset and partition it ran on (to compare a Dirichlet-alpha sweep run by run)."""
+    tmp_path, uri = tracked
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "params.yaml").write_text(
+        "seed: 0\ndataset: {name: digits}\npartition: {scheme: dirichlet, alpha: 0.1}\n"
+        "study: {name: classification, seeds: [0]}\nfl: {rounds: 3}\n")
+    with pytest.raises(RuntimeError):
+        with stage_run("federate@fedavg-0", {"fl": {"rounds": 3}}, 0):
+            raise RuntimeError("a stage fails")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("fedpipe")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    parent = runs["classification · workspace"]
+    assert parent.info.status == "FAILED"
+    assert parent.data.params["partition.alpha"] == "0.1" and parent.data.params["fl.rounds"] == "3"
+    assert parent.data.tags["study"] == "classification"
+    fed = runs["federate@fedavg-0 · workspace"]
+    assert fed.info.status == "FAILED" and fed.data.params["partition.alpha"] == "0.1"
+    assert fed.data.params["dataset.name"] == "digits"
+    assert fed.data.params["study.name"] == "classification"
+    with stage_run("report", {"study": {"seeds": [0]}}, 0) as run:
+        run.log_parent_metrics({"claims.held": 2, "claims.not_shown": 1})
+        run.finish_parent()
+    parent = client.get_run(parent.info.run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics == {"claims.held": 2.0, "claims.not_shown": 1.0}
+
+
+def test_make_ui_prints_the_runs_table_of_the_projects_experiment(tracked):
+    """MLflow 3's home page is its GenAI page: the UI command names the runs table's address."""
+    tmp_path, uri = tracked
+    from fedpipe.tracking.ui import runs_table_url
+
+    assert runs_table_url(uri, []) is None  # nothing logged yet
+    with stage_run("plan", {}, 0):
+        pass
+    from mlflow.tracking import MlflowClient
+
+    exp_id = MlflowClient(tracking_uri=uri).get_experiment_by_name("fedpipe").experiment_id
+    assert runs_table_url(uri, []) == f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs"
+    assert runs_table_url(uri, ["--port", "5001", "--host", "0.0.0.0"]) == \
+        f"http://0.0.0.0:5001/#/experiments/{exp_id}/runs"

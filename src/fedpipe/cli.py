@@ -96,8 +96,8 @@ def failed_experiment_hint() -> str | None:
     if ".dvc/tmp/exps/" in Path.cwd().resolve().as_posix() + "/":
         return None
     return ("hint: the workspace now holds this experiment's params.yaml, and the failed stage's "
-            "outputs are deleted; `git checkout params.yaml dvc.lock && dvc checkout` returns to the "
-            "last commit")
+            "outputs are deleted; `git checkout params.yaml dvc.lock && dvc repro` returns to the "
+            "last commit (from DVC's cache where it can, re-running the rest)")
 
 
 def run_stage(main: Callable[[], None]) -> None:

@@ -26,6 +26,7 @@ def check_composed(params: dict[str, Any]) -> None:
 
     check_sections(params)
     study = build(StudyConfig, params.get("study"), "study")
+    study.check_graph()
     check_algorithms(study.algorithms, "study.algorithms")
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
     check_algorithm_sections(params.get("algorithms"))
@@ -43,7 +44,7 @@ def compose_params(root: str | Path = ".", overrides: list[str] | None = None,
     os.close(fd)
     try:
         compose_and_dump(Path(tmp), str(root / "conf"), None, "config",
-                         str(root / "hydra_plugins"), list(overrides or []))
+                         str(root), list(overrides or []))  # DVC's plugins_path: hydra_plugins/
         check_composed(load_params(tmp))
         mask = os.umask(0)
         os.umask(mask)

@@ -141,6 +141,9 @@ def model_config(data: dict[str, Any] | None, prefix: str = "model") -> ModelCon
     return ModelConfig(name=data["name"], kwargs=dict(kwargs))
 
 
+SERVER_DATA_FROM = ("partition", "generate")
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     """The algorithms compared by the pipeline: ``algorithms`` on the classification track (one
@@ -165,6 +168,27 @@ class StudyConfig:
     papers: list[str] | None = None
     """The papers whose claims the report judges (:data:`PAPER_KEYS`); null: those whose
     arms the study runs (``fedpipe.claims.study_papers``)."""
+    diffusion_seeds: list[int] | None = None
+    """The replicates whose diffusion-track stages (``warmup``, ``generate``, ``aux_quality``,
+    ``federate_ddpm`` @<seed>) are in the DVC graph: ``seeds`` (null means the same; ``conf/`` writes
+    ``${study.seeds}``) or ``[]``, a classification-only study with no diffusion stage per replicate.
+    DVC cannot derive a stage matrix from the algorithms' configs, so the study states it."""
+    server_data_from: str = "partition"
+    """The stage output ``server_data@<seed>`` depends on (``data/<server_data_from>/seed_<seed>``):
+    ``generate`` when a classification method reads the generated auxiliary set (server data
+    ``aux`` or ``distill``), else ``partition``, so that the classification track does not wait for
+    the warm-up and the generation."""
+
+    def check_graph(self, p: str = "study") -> None:
+        """The keys that shape DVC's graph agree (checked by ``plan`` and ``make params``, where the
+        graph is built; a stage that reads the study alone does not need them)."""
+        check(self.diffusion_seeds in (None, [], list(self.seeds)), f"{p}.diffusion_seeds",
+              self.diffusion_seeds, f"[] (classification only) or study.seeds {list(self.seeds)}")
+        if self.diffusion_seeds == []:
+            check(not self.diffusion_algorithms, f"{p}.diffusion_algorithms",
+                  self.diffusion_algorithms, "[] when study.diffusion_seeds=[] (classification only)")
+            check(self.server_data_from == "partition", f"{p}.server_data_from",
+                  self.server_data_from, "partition when study.diffusion_seeds=[] (nothing is generated)")
 
     def validate(self, p: str) -> None:
         if self.papers is not None:
@@ -181,6 +205,8 @@ class StudyConfig:
         check(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds)
               and min(self.seeds) >= 0, f"{p}.seeds", self.seeds,
               "a non-empty list of distinct integers >= 0")
+        check(self.server_data_from in SERVER_DATA_FROM, f"{p}.server_data_from",
+              self.server_data_from, " or ".join(SERVER_DATA_FROM))
         if self.corruptions:
             from fedpipe.data.corruptions import CORRUPTIONS, SEVERITIES
 

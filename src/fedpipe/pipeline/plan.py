@@ -105,6 +105,7 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
     """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
     root = Path(root)
     study = build(StudyConfig, params.get("study"), "study")
+    study.check_graph()
     run = uses_diffusion(params)
     inputs = input_files(params, root)
     users, rounds = backbone_users(params)

@@ -50,6 +50,12 @@ def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
         kind = ALGORITHMS[name].server_data_kind(algorithm_config(name, algos.get(name)))
         if kind != "none":
             kinds.setdefault(kind, []).append(name)
+    generated = sorted(set(kinds) & set(GENERATED_KINDS))
+    if generated and study.server_data_from != "generate":
+        users = ", ".join(n for k in generated for n in kinds[k])
+        raise ConfigError("study.server_data_from", study.server_data_from,
+                          f"generate: {users} read the generated auxiliary set (server_data "
+                          f"{', '.join(generated)}; study.diffusion_seeds must then be study.seeds)")
     return kinds
 
 

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,29 @@ class StageRun:
         else:
             mlflow.MlflowClient().log_artifact(self.parent_run_id, str(path), artifact_path)
 
+    def log_parent_metrics(self, metrics: Mapping[str, float]) -> None:
+        """The study's own numbers (the claims summary) on the pipeline's parent run, so that the
+        runs table compares studies and experiments by them; on this run when there is no parent."""
+        if not self.active:
+            return
+        if self.parent_run_id is None:
+            self.log_metrics(metrics)
+            return
+        import mlflow
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        mlflow.MlflowClient().log_batch(self.parent_run_id, metrics=[
+            Metric(k, float(v), now, 0) for k, v in metrics.items() if isinstance(v, (int, float))])
+
+    def finish_parent(self, status: str = "FINISHED") -> None:
+        """Set the pipeline's parent run's status: FINISHED by the last stage (``report``), FAILED
+        or KILLED by a stage that fails (:func:`stage_run`), so the runs table shows how it ended."""
+        if self.active and self.parent_run_id is not None:
+            import mlflow
+
+            mlflow.MlflowClient().set_terminated(self.parent_run_id, status)
+
     def log_tags(self, tags: Mapping[str, Any]) -> None:
         """Free-form tags, e.g. which FID extractor produced a score."""
         if self.active:
@@ -184,11 +208,16 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
     mlflow.set_tracking_uri(uri)
     sha, dirty = git_state()
     exp_name = os.environ.get("DVC_EXP_NAME", "")
+    study_params = _params_file()
     with _db_lock(uri):  # schema creation, the experiment and the parent run: one process at a time
         experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT), uri)
-        parent = _pipeline_parent(experiment, sha, exp_name)
+        parent = _pipeline_parent(experiment, sha, exp_name, study_params)
     algorithm, run_seed = stage_item(stage)
     label = exp_name or "workspace"
+    # every run carries what it ran on (dataset, partition, study), so runs compare across variants
+    shared = {k: study_params[k] for k in ("dataset", "partition") if k in study_params}
+    study_name = (study_params.get("study") or {}).get("name")
+    params = {**shared, **({"study.name": study_name} if study_name else {}), **params}
     with mlflow.start_run(run_name=f"{stage} · {label}", experiment_id=experiment) as run:
         import torch
 
@@ -214,7 +243,11 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
         handle.parent_run_id = parent
         if inputs:
             handle.log_file_hashes("input", inputs)
-        yield handle
+        try:
+            yield handle
+        except BaseException as e:  # the experiment failed here: its parent run shows it
+            handle.finish_parent("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
 
 
 def stage_item(stage: str) -> tuple[str | None, int | None]:
@@ -254,12 +287,26 @@ def _experiment(name: str, uri: str) -> str:
     return exp_id
 
 
-def _pipeline_parent(experiment_id: str, sha: str, exp_name: str) -> str | None:
+def _params_file() -> dict[str, Any]:
+    """params.yaml as read by the stages ({} when absent or unreadable: the stage says why)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path("params.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _pipeline_parent(experiment_id: str, sha: str, exp_name: str,
+                     study_params: Mapping[str, Any] | None = None) -> str | None:
     """The parent run of this pipeline execution (commit, params.yaml, DVC experiment), created by
-    the first stage that logs; None when there is no params.yaml."""
+    the first stage that logs, named ``<study> · <experiment>`` and holding the whole params.yaml as
+    its params (the runs table compares experiments on it); None when there is no params.yaml."""
     import hashlib
 
     import mlflow
+    from mlflow.entities import Param
 
     params_file = Path("params.yaml")
     if not params_file.is_file():
@@ -271,8 +318,13 @@ def _pipeline_parent(experiment_id: str, sha: str, exp_name: str) -> str | None:
                                max_results=1)
     if found:
         return found[0].info.run_id
-    run = client.create_run(experiment_id, run_name=f"pipeline · {exp_name or 'workspace'}",
+    study_params = _params_file() if study_params is None else study_params
+    study = str((study_params.get("study") or {}).get("name", "pipeline"))
+    run = client.create_run(experiment_id, run_name=f"{study} · {exp_name or 'workspace'}",
                             tags={PIPELINE_TAG: key, "mlflow.source.git.commit": sha,
-                                  "dvc.exp_name": exp_name})
-    client.set_terminated(run.info.run_id)
+                                  "dvc.exp_name": exp_name, "study": study})
+    items = sorted((k, str(v)[:6000]) for k, v in flatten(study_params).items())
+    for i in range(0, len(items), 100):  # MLflow's batch limit
+        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in items[i:i + 100]])
+    client.set_terminated(run.info.run_id)  # FINISHED; FAILED while a stage fails, until a report
     return run.info.run_id

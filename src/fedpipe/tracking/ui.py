@@ -5,15 +5,17 @@ Before starting ``mlflow ui`` on the project's database (``MLFLOW_TRACKING_URI``
 SQLite one, else ``<repo>/mlflow.db``), the stored artifact locations are rewritten to the current
 repository root (:func:`fedpipe.tracking.locations.relocate`), under the database's file lock, so a
 moved or copied repository still shows its runs' artifacts. Extra arguments go to ``mlflow ui``
-(``--port 5001``, ``--host 0.0.0.0``).
+(``--port 5001``, ``--host 0.0.0.0``). It prints the address of the ``fedpipe`` experiment's runs
+table, since MLflow 3 opens on its GenAI home page.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
-from fedpipe.tracking import _db_lock, sqlite_db, tracking_uri
+from fedpipe.tracking import EXPERIMENT, _db_lock, sqlite_db, tracking_uri
 from fedpipe.tracking.locations import relocate, sqlite_path
 
 
@@ -29,6 +31,28 @@ def prepare(uri: str) -> list[str]:
             f"{m.new_root} ({m.runs} runs)" for m in moved]
 
 
+def runs_table_url(uri: str, argv: list[str]) -> str | None:
+    """The address of the runs table of experiment ``fedpipe`` (MLflow 3 opens on its GenAI home
+    page; this page is the project's runs), from ``--host``/``--port`` of ``argv``; None before the
+    first run."""
+    import sqlite3
+
+    db = sqlite_path(uri)
+    if db is None or not db.is_file():
+        return None
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        try:
+            row = con.execute("SELECT experiment_id FROM experiments WHERE name = ?",
+                              (os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT),)).fetchone()
+        except sqlite3.Error:
+            return None
+    if row is None:
+        return None
+    opts = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--host", "--port")}
+    host = opts.get("--host", "127.0.0.1")
+    return f"http://{host}:{opts.get('--port', '5000')}/#/experiments/{row[0]}/runs"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     uri = tracking_uri()
@@ -37,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     uri = f"sqlite:///{sqlite_path(uri).resolve()}"
     for line in prepare(uri):
         print(line, flush=True)
+    url = runs_table_url(uri, argv)
+    if url is not None:
+        print(f"the project's runs: {url}", flush=True)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *argv]
     os.execv(sys.executable, cmd)
 

@@ -1,0 +1,52 @@
+"""A mistyped `dvc exp run -S key=value` gets fedpipe's one line ("did you mean ...?") while DVC
+composes params.yaml, before any stage runs (hydra_plugins/fedpipe_overrides.py)."""
+
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from hydra_plugins.fedpipe_overrides import unknown_key_message  # noqa: E402
+
+CFG = OmegaConf.create({"fl": {"rounds": 30, "local": {"lr": 0.05, "lr_decay": 1.0}},
+                        "partition": {"scheme": "shards", "num_clients": 10, "shards_per_client": 2}})
+
+
+@pytest.mark.parametrize("key, line", [
+    ("fl.roudns", "invalid config: fl.roudns=3; allowed: a key of fl (did you mean fl.rounds?)"),
+    ("fl.local.lrr", "invalid config: fl.local.lrr=3; allowed: a key of fl.local (did you mean "
+                     "fl.local.lr?)"),
+    ("partitoin", "invalid config: partitoin=3; allowed: a top-level section (did you mean "
+                  "partition?)"),
+    ("partition.alpha", "invalid config: partition.alpha=3; allowed: a key of partition: "
+                        "num_clients, scheme, shards_per_client (this scheme is shards; another "
+                        "scheme's keys come with it: -S partition=<scheme>)"),
+])
+def test_an_unknown_key_gets_one_line_with_the_closest_keys(key, line):
+    assert unknown_key_message(CFG, key, "3") == line
+
+
+def test_a_known_key_passes():
+    assert unknown_key_message(CFG, "fl.rounds", "3") is None
+    assert unknown_key_message(CFG, "fl.local.lr", "0.1") is None
+
+
+def test_dvcs_composition_stops_on_the_typo_with_fedpipes_line(repo_root, tmp_path):
+    """As `dvc exp run -S` composes: DVC's compose_and_dump with the repo root as plugins path, in a
+    fresh process (Hydra loads its plugins once per process)."""
+    code = ("import sys; from dvc.utils.hydra import compose_and_dump\n"
+            "try:\n"
+            f"    compose_and_dump({str(tmp_path / 'p.yaml')!r}, {str(repo_root / 'conf')!r}, None, "
+            f"'config', {str(repo_root)!r}, sys.argv[1:])\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e); sys.exit(3)\n")
+    bad = subprocess.run([sys.executable, "-c", code, "fl.roudns=3"], capture_output=True, text=True)
+    assert bad.returncode == 3, bad.stderr
+    assert bad.stdout.strip() == ("UnknownKeyError invalid config: fl.roudns=3; allowed: a key of fl "
+                                  "(did you mean fl.rounds?)")
+    assert not (tmp_path / "p.yaml").exists() or "roudns" not in (tmp_path / "p.yaml").read_text()
+    ok = subprocess.run([sys.executable, "-c", code, "fl.rounds=3", "+fl.extra=1"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # `+key=value` keeps its Hydra meaning
