@@ -41,13 +41,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from fedpipe.config.fl import FLConfig
 from fedpipe.data import ClientData
 from fedpipe.device import module_device
-from fedpipe.errors import DivergenceError
+from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.batched import BatchedExecutor
 from fedpipe.fl.state import (
     ClientState,
@@ -59,7 +58,7 @@ from fedpipe.fl.state import (
     unflatten_groups,
 )
 from fedpipe.fl.strategy import RoundInfo, Score, ServerData, Strategy, uniform_selection
-from fedpipe.io import save_tensors, set_aside
+from fedpipe.io import load_tensors, read_tensors, save_tensors, set_aside
 from fedpipe.rng import numpy_rng, torch_generator
 
 log = logging.getLogger(__name__)
@@ -192,8 +191,11 @@ def groups_to(groups: dict[str, Weights], device: torch.device | None) -> dict[s
 
 
 def read_client_file(path: Path) -> ClientState:
-    with safe_open(str(path), framework="pt") as f:
-        return unflatten_groups({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    """A client's state file, verified against its content hash and finite (InputError otherwise)."""
+    state = unflatten_groups(load_tensors(path))
+    if not _extras_finite(state):
+        raise InputError(path, "holds non-finite values", None)
+    return state
 
 
 @dataclass
@@ -224,33 +226,40 @@ def save_checkpoint(directory: Path, round_done: int, state: ServerState, store:
 
 
 def load_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore]:
-    with safe_open(str(directory / SERVER_FILE), framework="pt") as f:
-        meta = json.loads(f.metadata()["fedpipe.checkpoint"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    """The checkpoint in ``directory``, its server file verified against its content hash and
+    finite (InputError naming the file otherwise); client files are checked by
+    :func:`_readable_checkpoint` and read when needed."""
+    path = directory / SERVER_FILE
+    tensors, meta = read_tensors(path)
+    if "clients" not in meta:
+        raise InputError(path, "has no checkpoint metadata (not a checkpoint)", None)
     weights = {k[2:]: v for k, v in tensors.items() if k.startswith("w/")}
     state = ServerState(weights, unflatten_groups(tensors, "x/"), meta["server_meta"])
+    if not (all_finite(state.weights) and _extras_finite(state.extra)):
+        raise InputError(path, "holds non-finite values", None)
     store = ClientStore(directory / CLIENTS_DIR)
     store.load({int(c): f for c, f in meta["clients"].items()})
     return meta, state, store
 
 
 def _readable_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore] | None:
-    """The checkpoint in ``directory`` (None if there is none). One that cannot be read (a
-    truncated or corrupt server or client file, a manifest naming a missing file) is set aside
-    (the folder renamed to ``<name>.corrupt-<time>``, with a log line) and the run starts fresh:
-    a bad checkpoint never blocks its stage."""
+    """The checkpoint in ``directory`` (None if there is none). One that cannot be resumed (a
+    truncated, corrupt or non-finite server or client file, bytes that do not match the hash they
+    were written with, a manifest naming a missing file) is set aside (the folder renamed to
+    ``<name>.corrupt-<time>``, with one log line naming the file) and the run starts fresh: a bad
+    checkpoint is never resumed, and never blocks its stage. Every client file is read once here
+    (then dropped: states are loaded again when needed)."""
     if not (directory / SERVER_FILE).is_file():
         return None
     try:
         meta, state, store = load_checkpoint(directory)
         for name in store.files.values():
             if name:
-                with safe_open(str(directory / CLIENTS_DIR / name), framework="pt") as f:
-                    f.keys()
+                read_client_file(directory / CLIENTS_DIR / name)
         return meta, state, store
-    except Exception as e:  # noqa: BLE001 (any unreadable part: SafetensorError, KeyError, ...)
-        first = (str(e).strip().splitlines() or [""])[0]
-        set_aside(directory, f"unreadable checkpoint: {type(e).__name__}: {first}")
+    except Exception as e:  # noqa: BLE001 (any unreadable part: InputError, KeyError, ...)
+        what = str(e) if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
+        set_aside(directory, f"checkpoint not resumed: {(what.strip().splitlines() or [''])[0]}")
         return None
 
 
