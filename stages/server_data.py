@@ -16,7 +16,13 @@ from fedpipe.data import load_dataset
 from fedpipe.io import md5_file
 from fedpipe.pipeline.diffusion import aux_file
 from fedpipe.pipeline.inputs import replicate_dir
-from fedpipe.pipeline.server_data import SERVER_DATA_DIR, needed_kinds, public_split, write_server_data
+from fedpipe.pipeline.server_data import (
+    SERVER_DATA_DIR,
+    check_server_data_source,
+    needed_kinds,
+    public_split,
+    write_server_data,
+)
 from fedpipe.tracking import stage_run
 
 
@@ -24,6 +30,7 @@ def main() -> None:
     seed = replicate_seed(stage_argument(sys.argv, "seed"))
     params = load_params()
     kinds = needed_kinds(params)  # validates before any data is loaded
+    check_server_data_source(kinds, dataset_config(params.get("dataset")))
     read = {"study.algorithms": (params.get("study") or {}).get("algorithms"),
             "algorithms": params.get("algorithms"), "dataset": params.get("dataset"), "seed": seed}
     aux = aux_file(seed)

@@ -34,6 +34,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,7 +344,8 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
     ``evaluate(state, personal)`` scores the global model (and, for a method with personal models,
     ``personal`` = {client: weights}); it returns scalars (into the history, prefixed ``test_``) and
     per-client lists (into ``client_history``). With ``checkpoint_dir``, a checkpoint is written
-    every ``fl.checkpoint_every`` rounds and after the last; one with the same ``fingerprint`` found
+    every ``fl.checkpoint_every`` rounds, after any round ending ``fl.checkpoint_seconds`` after the
+    last one, and after the last round; one with the same ``fingerprint`` found
     there is resumed from. ``stop_after`` stops after that many rounds in total (simulates an
     interruption; used by tests). A strategy ends training early by setting
     ``state.meta["stopped_at"]`` in a hook (FedDDPM+'s QuickTest): the engine records that round,
@@ -396,6 +398,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
                mininterval=1.0)
     rounds_done = start
     personal, personal_round = None, -1
+    saved_at = time.monotonic()  # when the last checkpoint was written (fl.checkpoint_seconds)
     for r in bar:
         selected = strategy.select_clients(state, r, available, per_round,
                                            numpy_rng(seed, "client-sampling", r), probe_for(state, r))
@@ -437,8 +440,11 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items()
                          if k in ("train_loss", "test_accuracy")})
         last = r + 1 == fl.rounds or stopped or interrupted
-        if ckpt is not None and ((r + 1) % fl.checkpoint_every == 0 or last):
+        due = (r + 1) % fl.checkpoint_every == 0 or (
+            fl.checkpoint_seconds > 0 and time.monotonic() - saved_at >= fl.checkpoint_seconds)
+        if ckpt is not None and (due or last):
             save_checkpoint(ckpt, r + 1, state, store, history, fingerprint, client_history)
+            saved_at = time.monotonic()
         if stopped or interrupted:
             break
     bar.close()

@@ -249,7 +249,12 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     partition_path = partition_path or partition_file(cfg.seed)
     server_data_dir = server_data_dir or replicate_dir(SERVER_DATA_DIR, cfg.seed)
     part = load_partition(partition_path, cfg.seed)
-    kind = ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg)
+    method = ALGORITHMS[cfg.algorithm]
+    if getattr(method, "needs_client_groups", False) and "groups" not in part.meta:
+        raise ConfigError("partition.scheme", part.meta["scheme"],
+                          f"label_blocks ({cfg.algorithm} needs each client's planted group)")
+    method.check_clients(cfg.algo_cfg, part.num_clients, cfg.fl.clients_per_round(part.num_clients))
+    kind = method.server_data_kind(cfg.algo_cfg)
     if kind != "none":  # every input is readable before any compute
         check_server_data(kind, server_data_dir, f"server_data@{cfg.seed}")
     ds = load_dataset(cfg.dataset)
@@ -262,9 +267,6 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
     if "groups" in part.meta:  # the planted groups (label_blocks): oracle groups, clustering NMI
         strategy.client_groups = tuple(int(g) for g in part.meta["groups"])
-    elif getattr(strategy, "needs_client_groups", False):
-        raise ConfigError("partition.scheme", part.meta["scheme"],
-                          f"label_blocks ({cfg.algorithm} needs each client's planted group)")
     inputs = {str(partition_path): md5_file(partition_path)}
     backbone, read = backbone_of(cfg, backbone_dir)
     if backbone is not None:
