@@ -387,3 +387,145 @@ def test_smoke_studies_checkpoint_at_least_every_5_rounds():
         for section in ("fl", "diffusion_fl"):
             every = (study.get(section) or {}).get("checkpoint_every", 5)
             assert every <= 5, (f.name, section, every)
+
+
+# -- every method's keys: a value of the wrong type and a misspelt key, one line naming the key ----
+def _bad_value(field: dataclasses.Field) -> object:
+    """A value of the wrong type for ``field``: a mapping where a scalar or list is expected, a
+    list where a mapping is."""
+    return ["x"] if "dict" in str(field.type) else {"not": "this"}
+
+
+METHOD_KEYS = [(name, f.name) for name, cls in sorted(ALGORITHMS.items())
+               for f in dataclasses.fields(cls.config_class)]
+
+
+def _validate(params: dict, algorithm: str):
+    from fedpipe.pipeline.common import train_config
+
+    return train_config(params, algorithm, 0)
+
+
+@pytest.mark.parametrize("algorithm,key", METHOD_KEYS, ids=[f"{a}.{k}" for a, k in METHOD_KEYS])
+def test_every_method_key_is_checked(algorithm, key):
+    field = next(f for f in dataclasses.fields(ALGORITHMS[algorithm].config_class) if f.name == key)
+    p = json.loads(json.dumps(BASE))
+    p.setdefault("algorithms", {})[algorithm] = {key: _bad_value(field)}
+    with pytest.raises(ConfigError) as info:
+        _validate(p, "fedavg")  # every section is checked, not only the run's own
+    assert f"algorithms.{algorithm}.{key}" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_misspelt_method_key_is_an_error(algorithm):
+    p = json.loads(json.dumps(BASE))
+    p.setdefault("algorithms", {})[algorithm] = {"learning_rate_typo": 0.1}
+    with pytest.raises(ConfigError, match=rf"algorithms\.{algorithm}\.learning_rate_typo"):
+        _validate(p, "fedavg")
+
+
+# -- pairs of settings that cannot go together: refused before any data loads ---------------------
+class ComputeStarted(Exception):
+    pass
+
+
+def _federate_until_data(params: dict, algorithm: str, tmp: Path, monkeypatch) -> None:
+    """The federate stage's checks on a real partition file, stopped where data would load."""
+    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.pipeline import federate as fed
+
+    partition_and_write(partition_stage_config(params), tmp / "partition")
+    cfg = _validate(params, algorithm)
+
+    def spy(*a, **k):
+        raise ComputeStarted()
+    monkeypatch.setattr(fed, "load_dataset", spy)
+    fed.federate(cfg, tmp / "fed", tmp / "partition" / "partition.safetensors", progress=False,
+                 server_data_dir=tmp / "sd")
+
+
+def _with(**sections) -> dict:
+    p = json.loads(json.dumps(BASE))
+    for dotted, v in sections.items():
+        d = p
+        *head, last = dotted.split("__")
+        for k in head:
+            d = d.setdefault(k, {})
+        d[last] = v
+    return p
+
+
+IID4 = {"scheme": "iid", "num_clients": 4}
+PAIRS = {
+    # method x model
+    "perada x mlp": (_with(), "perada", "model.name", "train_config"),
+    "perada_nokd x mlp": (_with(), "perada_nokd", "model.name", "train_config"),
+    "fedbn x mlp": (_with(), "fedbn", "model.name", "train_config"),
+    "fedalt adapter x mlp": (_with(algorithms__fedalt={"part": "adapter"}), "fedalt", "model.name",
+                             "train_config"),
+    # method x server data
+    "feddf holdout x no holdout": (_with(algorithms__feddf={"server_data": "holdout"}), "feddf",
+                                   "dataset.holdout_fraction", "train_config"),
+    "feddf public x no public set": (_with(algorithms__feddf={"server_data": "public"}), "feddf",
+                                     "dataset.public_dataset", "train_config"),
+    # executor x hardware
+    "ray GPUs x no GPU": (_with(fl__executor="ray", fl__ray={"gpus_per_client": 1}), "fedavg",
+                          "fl.ray.gpus_per_client", "train_config"),
+    # method x partition
+    "gifair x iid": (_with(partition=IID4), "gifair", "partition.scheme", "federate"),
+    "pow_d candidates < per round": (_with(partition=IID4, fl__participation=1.0,
+                                           algorithms__pow_d={"candidates": 2}), "pow_d",
+                                     "algorithms.pow_d.candidates", "federate"),
+    "pow_d candidates > clients": (_with(partition=IID4, fl__participation=0.5,
+                                         algorithms__pow_d={"candidates": 5}), "pow_d",
+                                   "algorithms.pow_d.candidates", "federate"),
+    "equitable_fl clusters > per round": (_with(partition=IID4, fl__participation=0.5,
+                                                algorithms__equitable_fl={"num_clusters": 3}),
+                                          "equitable_fl", "algorithms.equitable_fl.num_clusters",
+                                          "federate"),
+}
+
+
+@pytest.mark.parametrize("case", list(PAIRS))
+def test_settings_that_cannot_go_together_are_refused_before_data(case, tmp_path, monkeypatch):
+    params, algorithm, key, where = PAIRS[case]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU machine
+    with pytest.raises(ConfigError) as info:
+        if where == "train_config":
+            _validate(params, algorithm)
+        else:
+            _federate_until_data(params, algorithm, tmp_path, monkeypatch)
+    msg = str(info.value)
+    assert f"{key}=" in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("key,names", [("study.diffusion_algorithms", ["fedddpm_pluss"]),
+                                       ("study.algorithms", ["fedavgg"])])
+def test_plan_checks_both_tracks_names_before_any_stage(key, names, tmp_path):
+    from fedpipe.pipeline.plan import write_plan
+
+    p = json.loads(json.dumps(BASE))
+    p["study"][key.split(".")[1]] = names
+    with pytest.raises(ConfigError, match=rf"{key}\[0\]='{names[0]}'"):
+        write_plan(p, tmp_path)
+    assert not (tmp_path / "data").exists()  # nothing written
+
+
+def test_pow_d_honours_every_candidate_count_it_accepts():
+    """d = r selects uniformly (no probe needed to pick), d = N probes all: never raised or cut."""
+    from fedpipe.algorithms.pow_d import PowD
+    from fedpipe.rng import numpy_rng
+
+    asked: list[list[int]] = []
+
+    def probe(c):
+        asked.append(list(c))
+        return {i: {"loss": float(i)} for i in c}
+    for d in (2, 3, 4):
+        s = PowD(None, lambda: None, LocalTrainConfig(), PowD.config_class(candidates=d),
+                 num_clients=4)
+        PowD.check_clients(s.cfg, 4, 2)
+        picked = s.select_clients(None, 0, [0, 1, 2, 3], 2, numpy_rng(0, "t"), probe)
+        assert len(picked) == 2
+    assert [len(a) for a in asked] == [3, 4]  # d = 2 = r: nothing to choose among, no probe
