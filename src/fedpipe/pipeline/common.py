@@ -12,6 +12,7 @@ import torch
 from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
+from fedpipe.config.dataset import check_server_data_source
 from fedpipe.config.device import DeviceConfig, device_config, device_params
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
 from fedpipe.config.models import (
@@ -86,8 +87,6 @@ def check_method_setting(algorithm: str, algo_cfg: Any, model: ModelConfig, ds: 
     personal parts (PerAda's residual blocks, FedBN's norm layers, FedSim's part), server data that
     the dataset can give (a holdout, a public set), and, for the Ray executor, GPUs when it reserves
     them on this machine."""
-    from fedpipe.pipeline.server_data import check_server_data_source
-
     key = json.dumps([algorithm, repr(algo_cfg), model.name, model.kwargs, ds.in_shape(),
                       ds.num_classes()], sort_keys=True, default=str)
     if key not in _FITS:  # the evaluate stage checks every run: each pair is built once

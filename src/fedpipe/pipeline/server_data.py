@@ -53,18 +53,6 @@ def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
     return kinds
 
 
-def check_server_data_source(kinds: dict[str, list[str]], dataset: Any) -> None:
-    """The server data of ``kinds`` can be made from ``dataset`` (a DatasetConfig): a holdout needs
-    ``dataset.holdout_fraction`` > 0, a public set ``dataset.public_dataset``. A ConfigError naming
-    the key otherwise, before any data is loaded."""
-    users = {k: ", ".join(v) for k, v in kinds.items()}
-    if "holdout" in kinds and not getattr(dataset, "holdout_fraction", 0.0) > 0:
-        raise ConfigError("dataset.holdout_fraction", getattr(dataset, "holdout_fraction", None),
-                          f"> 0 (digits): {users['holdout']} distil on the holdout server data")
-    if "public" in kinds and getattr(dataset, "public_dataset", None) is None:
-        raise ConfigError("dataset.public_dataset", None, "a torchvision dataset name: "
-                          f"{users['public']} distil on the public server data")
-
 
 def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
                       out_dir: str | Path = SERVER_DATA_DIR, holdout=None, public=None
