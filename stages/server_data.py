@@ -11,12 +11,18 @@ import sys
 
 from fedpipe.cli import run_stage, stage_argument
 from fedpipe.config import dataset_config, load_params
+from fedpipe.config.dataset import check_server_data_source
 from fedpipe.config.stages import replicate_seed
 from fedpipe.data import load_dataset
 from fedpipe.io import md5_file
 from fedpipe.pipeline.diffusion import aux_file
 from fedpipe.pipeline.inputs import replicate_dir
-from fedpipe.pipeline.server_data import SERVER_DATA_DIR, needed_kinds, public_split, write_server_data
+from fedpipe.pipeline.server_data import (
+    SERVER_DATA_DIR,
+    needed_kinds,
+    public_split,
+    write_server_data,
+)
 from fedpipe.tracking import stage_run
 
 
@@ -24,6 +30,7 @@ def main() -> None:
     seed = replicate_seed(stage_argument(sys.argv, "seed"))
     params = load_params()
     kinds = needed_kinds(params)  # validates before any data is loaded
+    check_server_data_source(kinds, dataset_config(params.get("dataset")))
     study = params.get("study") or {}
     read = {"study.algorithms": study.get("algorithms"),
             "study.server_data_from": study.get("server_data_from"),

@@ -527,7 +527,9 @@ def test_report_with_one_seed_judges_nothing(tmp_path):
 def test_report_names_a_missing_input(tmp_path):
     write_inputs(tmp_path)
     (tmp_path / "evaluate" / "seeds.json").unlink()
-    with pytest.raises(FileNotFoundError, match="seeds.json"):
+    from fedpipe.errors import InputError
+
+    with pytest.raises(InputError, match=r"seeds\.json: missing; run `dvc repro evaluate`"):
         build_report(study_of(), "t", tmp_path / "federate_ddpm", tmp_path / "evaluate",
                      tmp_path / "report")
 

@@ -26,7 +26,7 @@ def test_outputs_get_normal_permissions(tmp_path):
 
 def test_safetensors_round_trip_and_md5(tmp_path):
     t = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
-    save_tensors(tmp_path / "t.safetensors", t, {"k": "v"})
+    save_tensors(tmp_path / "t.safetensors", t, {"k": "{\"v\": 1}"})
     assert torch.equal(load_tensors(tmp_path / "t.safetensors")["w"], t["w"])
     (tmp_path / "x").write_bytes(b"abc")
     assert md5_file(tmp_path / "x") == "900150983cd24fb0d6963f7d28e17f72"

@@ -155,6 +155,26 @@ def test_a_killed_launching_command_takes_its_stage_with_it(tmp_path, env):
     pytest.fail("the stage process outlived the killed launching command")
 
 
+def test_a_stage_killed_by_sigkill_ends_the_launching_command_with_137(tmp_path, env):
+    """The OOM killer's signal: the launching command dies of it too (a shell sees 137), with no
+    traceback of its own."""
+    script = write(tmp_path, """
+        import os, time
+        open("pid", "w").write(str(os.getpid()))
+        print("ready", flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "fedpipe.launch", str(script)], cwd=tmp_path,
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "ready"
+    stage = int((tmp_path / "pid").read_text())
+    assert stage != proc.pid  # the forked stage, not the launching command
+    os.kill(stage, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err  # -9 from Popen: 137 in a shell
+    assert err == ""
+
+
 def test_off_runs_a_plain_process_and_starts_no_server(tmp_path, env):
     off = {**env, launch.ENV: "off", "TMPDIR": str(tmp_path)}
     script = write(tmp_path, "import os, sys; print(os.getpid()); sys.exit(4)\n")

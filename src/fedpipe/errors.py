@@ -13,11 +13,13 @@ class SkippedStageError(RuntimeError):
 
 class InputError(RuntimeError):
     """A missing or unreadable input file of a stage: names the file, what is wrong with it, and
-    the ``dvc repro <stage>`` that rebuilds it; exit code 2, raised before any compute."""
+    the ``dvc repro <stage>`` that rebuilds it (when known: a resume file has no stage of its own);
+    exit code 2, raised before the file is used."""
 
-    def __init__(self, path: object, problem: str, stage: str):
+    def __init__(self, path: object, problem: str, stage: str | None):
         self.path, self.problem, self.stage = str(path), problem, stage
-        super().__init__(f"input {self.path}: {problem}; run `dvc repro {stage}` to rebuild it")
+        how = f"; run `dvc repro {stage}` to rebuild it" if stage else ""
+        super().__init__(f"input {self.path}: {problem}{how}")
 
     def __reduce__(self):  # raised in a worker process, it crosses back whole
         return (type(self), (self.path, self.problem, self.stage))

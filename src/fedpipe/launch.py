@@ -247,9 +247,17 @@ def launch(script: str, args: list[str]) -> int:
             print("fedpipe.launch: the stage's server went away", file=sys.stderr)
             return 1
     if done.get("signal"):
-        signal.signal(done["signal"], signal.SIG_DFL)
-        os.kill(os.getpid(), done["signal"])
+        die_of(int(done["signal"]))
     return int(done.get("exit", 1))
+
+
+def die_of(sig: int) -> None:
+    """End this process by signal ``sig``, as the stage ended, so the caller sees the same status
+    (137 for SIGKILL, the OOM killer's). SIGKILL needs no handler reset (and cannot have one: setting
+    it is an OSError)."""
+    if sig != signal.SIGKILL:
+        signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
 
 
 # ---------------------------------------------------------------- the server

@@ -113,6 +113,14 @@ class EquitableFL(FedProx):
     name = "equitable_fl"
     config_class = EquitableFLConfig
 
+    @classmethod
+    def check_clients(cls, cfg: EquitableFLConfig, num_clients: int, per_round: int) -> None:
+        """C clusters of a round's r participants need C <= r (else K-Means would be asked for
+        fewer clusters than configured: an error, never a silent clamp)."""
+        check(cfg.num_clusters <= per_round, f"algorithms.{cls.name}.num_clusters",
+              cfg.num_clusters, f"an integer in [1, {per_round}] (r = {per_round} clients per "
+              "round are clustered)")
+
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:

@@ -39,7 +39,8 @@ from fedpipe.fl.strategy import Probe, ServerState, uniform_selection
 @dataclass(frozen=True)
 class PowDConfig(FedProxConfig):
     candidates: int | None = None
-    """d, the size of the candidate set (>= r); null = 2r. Inferred: neither Equitable-FL nor the
+    """d, the size of the candidate set, in [r, N] (an error otherwise, checked before any data
+    loads); null = 2r (all N clients when 2r >= N). Inferred: neither Equitable-FL nor the
     spec gives d, and Cho et al. is not in the library (see the module docstring)."""
 
     def validate(self, p: str) -> None:
@@ -58,11 +59,20 @@ class PowD(FedProx):
     name = "pow_d"
     config_class = PowDConfig
 
+    @classmethod
+    def check_clients(cls, cfg: PowDConfig, num_clients: int, per_round: int) -> None:
+        """d must lie in [r, N]: fewer candidates than clients per round, or more than there are
+        clients, is an error, never raised or clamped (d = r would make it uniform selection)."""
+        if cfg.candidates is not None:
+            check(per_round <= cfg.candidates <= num_clients, f"algorithms.{cls.name}.candidates",
+                  cfg.candidates, f"null (2r, at most N) or an integer in [{per_round}, {num_clients}] "
+                  f"(r = {per_round} clients per round of N = {num_clients})")
+
     def select_clients(self, state: ServerState, round_: int, available: Sequence[int],
                        per_round: int, rng: np.random.Generator, probe: Probe | None = None
                        ) -> list[int]:
+        # d in [r, N] (check_clients); the default 2r draws all N clients when 2r >= N
         d = self.cfg.candidates if self.cfg.candidates is not None else 2 * per_round
-        d = max(d, per_round)
         candidates = uniform_selection(available, d, rng)
         if probe is None or len(candidates) <= per_round:
             return candidates[:per_round] if probe is None else candidates

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from fedpipe.config.core import build_selected, check, one_of
+from fedpipe.config.core import ConfigError, build_selected, check, one_of
 
 # The embedded datasets (shipped inside an installed wheel, so every machine has them offline):
 # name -> (images, (C, H, W)). digits: scikit-learn's ``load_digits``; mnist5k: the first 5,000
@@ -169,3 +169,16 @@ def dataset_config(data: dict[str, Any] | None, prefix: str = "dataset") -> Data
     if cfg.public_dataset is not None:
         one_of(f"{prefix}.public_dataset", cfg.public_dataset, TORCHVISION_SIZES)
     return cfg
+
+
+def check_server_data_source(kinds: dict[str, list[str]], dataset: Any) -> None:
+    """The server data of ``kinds`` can be made from ``dataset`` (a DatasetConfig): a holdout needs
+    ``dataset.holdout_fraction`` > 0, a public set ``dataset.public_dataset``. A ConfigError naming
+    the key otherwise, before any data is loaded."""
+    users = {k: ", ".join(v) for k, v in kinds.items()}
+    if "holdout" in kinds and not getattr(dataset, "holdout_fraction", 0.0) > 0:
+        raise ConfigError("dataset.holdout_fraction", getattr(dataset, "holdout_fraction", None),
+                          f"> 0 (digits): {users['holdout']} distil on the holdout server data")
+    if "public" in kinds and getattr(dataset, "public_dataset", None) is None:
+        raise ConfigError("dataset.public_dataset", None, "a torchvision dataset name: "
+                          f"{users['public']} distil on the public server data")

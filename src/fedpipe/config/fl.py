@@ -78,7 +78,9 @@ class RayConfig:
 class FLConfig:
     """The round loop: ``rounds``; ``participation`` ratio p (n = max(round(N p), 1) clients sampled
     without replacement per round); ``aggregation`` weighted by sample count or uniform;
-    evaluation every ``eval_every`` rounds; a checkpoint every ``checkpoint_every`` rounds;
+    evaluation every ``eval_every`` rounds; a checkpoint every ``checkpoint_every`` rounds, and
+    after any round that ends ``checkpoint_seconds`` or more after the last checkpoint (0 = by
+    rounds only), so that a killed run loses at most that much work;
     ``executor`` runs the clients' work (``serial``; ``ray``: Ray tasks, set up by ``ray``)."""
 
     rounds: int = 20
@@ -86,6 +88,7 @@ class FLConfig:
     aggregation: str = "weighted"
     eval_every: int = 1
     checkpoint_every: int = 5
+    checkpoint_seconds: float = 60.0
     executor: str = "serial"
     local: LocalTrainConfig = field(default_factory=LocalTrainConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -98,6 +101,8 @@ class FLConfig:
         check(self.eval_every >= 1, f"{p}.eval_every", self.eval_every, "an integer >= 1")
         check(self.checkpoint_every >= 1, f"{p}.checkpoint_every", self.checkpoint_every,
               "an integer >= 1")
+        check(0 <= self.checkpoint_seconds < float("inf"), f"{p}.checkpoint_seconds",
+              self.checkpoint_seconds, "a number of seconds >= 0 (0 = checkpoint by rounds only)")
         one_of(f"{p}.executor", self.executor, EXECUTORS)
 
     def clients_per_round(self, num_clients: int) -> int:

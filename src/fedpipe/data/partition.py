@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from fedpipe.config import ConfigError, PartitionConfig
 from fedpipe.config.partition import (
@@ -28,7 +27,7 @@ from fedpipe.config.partition import (
     PathologicalConfig,
     ShardsConfig,
 )
-from fedpipe.io import save_tensors
+from fedpipe.io import read_tensors, save_tensors
 from fedpipe.rng import numpy_rng
 
 FORMAT_VERSION = 1
@@ -252,10 +251,11 @@ class Partition:
                      metadata={"fedpipe.partition": json.dumps(self.meta, sort_keys=True)})
 
     @classmethod
-    def load(cls, path: str | Path) -> Partition:
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads(f.metadata()["fedpipe.partition"])
-            t = {k: f.get_tensor(k).numpy() for k in f.keys()}  # noqa: SIM118 (safe_open API)
+    def load(cls, path: str | Path, stage: str | None = "partition") -> Partition:
+        """The partition file at ``path``, verified against its content hash (an InputError
+        naming ``dvc repro <stage>`` otherwise)."""
+        tensors, meta = read_tensors(path, stage)
+        t = {k: v.numpy() for k, v in tensors.items()}
 
         def split(flat: np.ndarray, off: np.ndarray) -> list[np.ndarray]:
             return [flat[off[i]:off[i + 1]] for i in range(len(off) - 1)]

@@ -34,6 +34,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +42,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from fedpipe.config.fl import FLConfig
 from fedpipe.data import ClientData
 from fedpipe.device import module_device
-from fedpipe.errors import DivergenceError
+from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.batched import BatchedExecutor
 from fedpipe.fl.state import (
     ClientState,
@@ -59,7 +59,7 @@ from fedpipe.fl.state import (
     unflatten_groups,
 )
 from fedpipe.fl.strategy import RoundInfo, Score, ServerData, Strategy, uniform_selection
-from fedpipe.io import save_tensors, set_aside
+from fedpipe.io import load_tensors, read_tensors, save_tensors, set_aside
 from fedpipe.rng import numpy_rng, torch_generator
 
 log = logging.getLogger(__name__)
@@ -192,8 +192,11 @@ def groups_to(groups: dict[str, Weights], device: torch.device | None) -> dict[s
 
 
 def read_client_file(path: Path) -> ClientState:
-    with safe_open(str(path), framework="pt") as f:
-        return unflatten_groups({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    """A client's state file, verified against its content hash and finite (InputError otherwise)."""
+    state = unflatten_groups(load_tensors(path))
+    if not _extras_finite(state):
+        raise InputError(path, "holds non-finite values", None)
+    return state
 
 
 @dataclass
@@ -224,33 +227,40 @@ def save_checkpoint(directory: Path, round_done: int, state: ServerState, store:
 
 
 def load_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore]:
-    with safe_open(str(directory / SERVER_FILE), framework="pt") as f:
-        meta = json.loads(f.metadata()["fedpipe.checkpoint"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    """The checkpoint in ``directory``, its server file verified against its content hash and
+    finite (InputError naming the file otherwise); client files are checked by
+    :func:`_readable_checkpoint` and read when needed."""
+    path = directory / SERVER_FILE
+    tensors, meta = read_tensors(path)
+    if "clients" not in meta:
+        raise InputError(path, "has no checkpoint metadata (not a checkpoint)", None)
     weights = {k[2:]: v for k, v in tensors.items() if k.startswith("w/")}
     state = ServerState(weights, unflatten_groups(tensors, "x/"), meta["server_meta"])
+    if not (all_finite(state.weights) and _extras_finite(state.extra)):
+        raise InputError(path, "holds non-finite values", None)
     store = ClientStore(directory / CLIENTS_DIR)
     store.load({int(c): f for c, f in meta["clients"].items()})
     return meta, state, store
 
 
 def _readable_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore] | None:
-    """The checkpoint in ``directory`` (None if there is none). One that cannot be read (a
-    truncated or corrupt server or client file, a manifest naming a missing file) is set aside
-    (the folder renamed to ``<name>.corrupt-<time>``, with a log line) and the run starts fresh:
-    a bad checkpoint never blocks its stage."""
+    """The checkpoint in ``directory`` (None if there is none). One that cannot be resumed (a
+    truncated, corrupt or non-finite server or client file, bytes that do not match the hash they
+    were written with, a manifest naming a missing file) is set aside (the folder renamed to
+    ``<name>.corrupt-<time>``, with one log line naming the file) and the run starts fresh: a bad
+    checkpoint is never resumed, and never blocks its stage. Every client file is read once here
+    (then dropped: states are loaded again when needed)."""
     if not (directory / SERVER_FILE).is_file():
         return None
     try:
         meta, state, store = load_checkpoint(directory)
         for name in store.files.values():
             if name:
-                with safe_open(str(directory / CLIENTS_DIR / name), framework="pt") as f:
-                    f.keys()
+                read_client_file(directory / CLIENTS_DIR / name)
         return meta, state, store
-    except Exception as e:  # noqa: BLE001 (any unreadable part: SafetensorError, KeyError, ...)
-        first = (str(e).strip().splitlines() or [""])[0]
-        set_aside(directory, f"unreadable checkpoint: {type(e).__name__}: {first}")
+    except Exception as e:  # noqa: BLE001 (any unreadable part: InputError, KeyError, ...)
+        what = str(e) if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
+        set_aside(directory, f"checkpoint not resumed: {(what.strip().splitlines() or [''])[0]}")
         return None
 
 
@@ -334,7 +344,8 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
     ``evaluate(state, personal)`` scores the global model (and, for a method with personal models,
     ``personal`` = {client: weights}); it returns scalars (into the history, prefixed ``test_``) and
     per-client lists (into ``client_history``). With ``checkpoint_dir``, a checkpoint is written
-    every ``fl.checkpoint_every`` rounds and after the last; one with the same ``fingerprint`` found
+    every ``fl.checkpoint_every`` rounds, after any round ending ``fl.checkpoint_seconds`` after the
+    last one, and after the last round; one with the same ``fingerprint`` found
     there is resumed from. ``stop_after`` stops after that many rounds in total (simulates an
     interruption; used by tests). A strategy ends training early by setting
     ``state.meta["stopped_at"]`` in a hook (FedDDPM+'s QuickTest): the engine records that round,
@@ -387,6 +398,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
                mininterval=1.0)
     rounds_done = start
     personal, personal_round = None, -1
+    saved_at = time.monotonic()  # when the last checkpoint was written (fl.checkpoint_seconds)
     for r in bar:
         selected = strategy.select_clients(state, r, available, per_round,
                                            numpy_rng(seed, "client-sampling", r), probe_for(state, r))
@@ -428,8 +440,11 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items()
                          if k in ("train_loss", "test_accuracy")})
         last = r + 1 == fl.rounds or stopped or interrupted
-        if ckpt is not None and ((r + 1) % fl.checkpoint_every == 0 or last):
+        due = (r + 1) % fl.checkpoint_every == 0 or (
+            fl.checkpoint_seconds > 0 and time.monotonic() - saved_at >= fl.checkpoint_seconds)
+        if ckpt is not None and (due or last):
             save_checkpoint(ckpt, r + 1, state, store, history, fingerprint, client_history)
+            saved_at = time.monotonic()
         if stopped or interrupted:
             break
     bar.close()

@@ -159,6 +159,12 @@ class Strategy:
         return getattr(cfg, "server_data", "none")
 
     @classmethod
+    def check_clients(cls, cfg: Any, num_clients: int, per_round: int) -> None:
+        """Raise a ConfigError naming the key when this method's config ``cfg`` cannot be honoured
+        with ``num_clients`` clients and ``per_round`` of them per round (checked before any data
+        loads; a setting is never clamped)."""
+
+    @classmethod
     def adapt_model(cls, model: nn.Module, cfg: Any) -> nn.Module:
         """The network this method trains, made from the study's model (config ``cfg``): the model
         itself by default; FedNH swaps the head for prototypes, FedProto adds a distance head. The

@@ -52,7 +52,7 @@ from torch import nn
 from torchmetrics.image.fid import FrechetInceptionDistance, NoTrainInceptionV3
 from tqdm.auto import tqdm
 
-from fedpipe.io import load_tensors, save_tensors
+from fedpipe.io import read_tensors, save_tensors
 from fedpipe.models.classifiers import Classifier
 
 DEFAULT_BATCH_SIZE = 256
@@ -222,16 +222,14 @@ def save_reference(path: str | os.PathLike, reference: Mapping[str, torch.Tensor
     save_tensors(path, ref, {META_KEY: json.dumps(meta, sort_keys=True)})
 
 
-def load_reference(path: str | os.PathLike) -> tuple[Reference, str]:
-    """The statistics and extractor name written by `save_reference`."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        raw = (f.metadata() or {}).get(META_KEY)
-    if raw is None:
+def load_reference(path: str | os.PathLike, stage: str | None = "feature_extractor"
+                   ) -> tuple[Reference, str]:
+    """The statistics and extractor name written by `save_reference`, verified against their
+    content hash (InputError naming ``dvc repro <stage>`` otherwise)."""
+    tensors, meta = read_tensors(path, stage)
+    if "extractor" not in meta:
         raise ValueError(f"{path} is not an FID reference (no {META_KEY!r} metadata)")
-    meta = json.loads(raw)
-    ref = check_reference(load_tensors(path))
+    ref = check_reference(tensors)
     if int(ref["real_features_num_samples"]) != meta["num_samples"]:
         raise ValueError(f"{path}: metadata says {meta['num_samples']} samples, the tensors "
                          f"{int(ref['real_features_num_samples'])}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,11 +10,15 @@ from typing import Any
 import torch
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
-from fedpipe.config import DatasetConfig, dataset_config
+from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
+from fedpipe.config.dataset import check_server_data_source
 from fedpipe.config.device import DeviceConfig, device_config, device_params
 from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
-from fedpipe.config.models import check_model  # noqa: F401  (re-exported)
+from fedpipe.config.models import (
+    _build_problem,
+    check_model,  # noqa: F401  (re-exported)
+)
 from fedpipe.config.stages import check_sections, read_seed, replicate_seed
 from fedpipe.data import Dataset
 from fedpipe.models import build_model
@@ -65,6 +70,7 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     check_algorithms(study.algorithms, "study.algorithms")
     algos = check_algorithm_sections(params.get("algorithms"))
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
+    check_method_setting(algorithm, algo_cfg, model, ds, fl)
     run = seed if run_seed is None else parse_run_seed(run_seed)
     read = {"seed": seed, "run_seed": run, "dataset": params.get("dataset"),
             "model": params.get("model"), "fl": params.get("fl"),
@@ -72,6 +78,48 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     device = device_config(params)
     read |= device_params(params, device)
     return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read, device)
+
+
+def check_method_setting(algorithm: str, algo_cfg: Any, model: ModelConfig, ds: DatasetConfig,
+                         fl: FLConfig) -> None:
+    """What ``algorithm`` needs of the other settings, checked from params before any data loads
+    (a ConfigError naming the key otherwise): a model it can adapt and split into shared and
+    personal parts (PerAda's residual blocks, FedBN's norm layers, FedSim's part), server data that
+    the dataset can give (a holdout, a public set), and, for the Ray executor, GPUs when it reserves
+    them on this machine."""
+    key = json.dumps([algorithm, repr(algo_cfg), model.name, model.kwargs, ds.in_shape(),
+                      ds.num_classes()], sort_keys=True, default=str)
+    if key not in _FITS:  # the evaluate stage checks every run: each pair is built once
+        _check_method_model(algorithm, algo_cfg, model, ds, fl)
+        _FITS.add(key)
+    kind = ALGORITHMS[algorithm].server_data_kind(algo_cfg)
+    check_server_data_source({kind: [algorithm]}, ds)
+    if fl.executor == "ray" and fl.ray.gpus_per_client > 0 and fl.ray.address is None \
+            and not torch.cuda.is_available():
+        raise ConfigError("fl.ray.gpus_per_client", fl.ray.gpus_per_client,
+                          "0 on a machine without a GPU (a local Ray instance would wait for one "
+                          "forever), or fl.ray.address of a cluster with GPUs")
+
+
+_FITS: set[str] = set()  # (method, model) pairs already checked in this process
+
+
+def _check_method_model(algorithm: str, algo_cfg: Any, model: ModelConfig, ds: DatasetConfig,
+                        fl: FLConfig) -> None:
+    """Build the model as ``algorithm`` trains it (CPU, no data) and ask it for its personal part;
+    a refusal is a ConfigError naming model.name."""
+    cls = ALGORITHMS[algorithm]
+
+    def build(kwargs: dict) -> torch.nn.Module:
+        net = cls.adapt_model(build_model(model.name, ds.in_shape(), ds.num_classes(), **kwargs),
+                              algo_cfg)
+        cls(None, lambda: net, fl.local, algo_cfg).personal_keys(net)
+        return net
+
+    problem = _build_problem(build, model.kwargs, meta=False)
+    if problem is not None:
+        raise ConfigError("model.name", model.name, f"a model that {algorithm} can use "
+                          f"(algorithms.{algorithm}: {problem})")
 
 
 def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:

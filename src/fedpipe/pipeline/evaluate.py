@@ -6,7 +6,6 @@ comparison table, every seed in seeds.json, per-client CSV, the evaluated rounds
 
 from __future__ import annotations
 
-import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpipe.config import ConfigError
 from fedpipe.data import load_dataset
 from fedpipe.data.corruptions import corrupted_test_sets
-from fedpipe.io import load_tensors, save_figure, write_csv, write_json, write_text
+from fedpipe.errors import InputError
+from fedpipe.io import (
+    load_tensors,
+    read_table,
+    read_tensors,
+    save_figure,
+    write_csv,
+    write_json,
+    write_text,
+)
 from fedpipe.metrics import (
     client_accuracy_summary,
     per_client_accuracy,
@@ -49,9 +56,17 @@ class EvaluateOutputs:
     plots: list[Path]
 
 
-def read_history(path: Path) -> list[dict[str, float]]:
-    with open(path, newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+def check_run(run: Path, stage: str) -> None:
+    """Read every file of a federate run that the evaluation reads (its model, its clients' own
+    models, its history) and check it, before any compute: a missing, truncated or corrupt file
+    (bytes that do not match the content hash it was written with, a history whose rounds are not
+    the model's) is an InputError naming the file and ``dvc repro <stage>``."""
+    weights, meta = read_tensors(run / "model.safetensors", stage)
+    load_personal(run, weights, stage)
+    history = read_table(run / "history.csv", stage)
+    if meta.get("rounds") is not None and len(history) != meta["rounds"]:
+        raise InputError(run / "history.csv", f"holds {len(history)} rounds, the model "
+                         f"{meta['rounds']} (truncated or corrupt?)", stage)
 
 
 def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
@@ -271,11 +286,11 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
     client's own model on its split, and FedNH's PM(V) / PM(L): its model on the global test set
     weighted by the classes it owns / its label distribution; spec 004 §3)."""
     model = make_model(cfg, ds)
-    weights = load_tensors(run / "model.safetensors")
+    weights = load_tensors(run / "model.safetensors", stage_of(cfg))
     model.load_state_dict(weights)
     glob = task.evaluate(model, ds.test.x, ds.test.y)
     generic = per_client_accuracy(model, local_tests, task, cfg.seed)
-    history = read_history(run / "history.csv")
+    history = read_table(run / "history.csv", stage_of(cfg))
     m = {"test_accuracy": glob["accuracy"], "test_accuracy_last5": last_rounds_accuracy(history),
          "test_loss": glob["loss"],
          **client_accuracy_summary(generic), "final_train_loss": history[-1]["train_loss"],
@@ -284,7 +299,7 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
          "trainable_share": trainable_share(model)}
     if corrupted:
         m["corrupt_accuracy"] = float(corrupted_accuracy([model], corrupted, task)[0])
-    personal = load_personal(run, weights)
+    personal = load_personal(run, weights, stage_of(cfg))
     own = None
     if personal:
         models = []
@@ -305,6 +320,11 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
         if corrupted:
             m["personal_corrupt_mean"] = float(np.mean(corrupted_accuracy(models, corrupted, task)))
     return m, generic, own
+
+
+def stage_of(cfg: TrainConfig) -> str:
+    """The DVC stage that writes a run's files."""
+    return f"federate@{cfg.algorithm}-{cfg.seed}"
 
 
 def mean_over_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, float]:
@@ -329,11 +349,7 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
     set and its corrupted copies (from the root ``seed``) are shared by all replicates."""
     out, fed = Path(out_dir), Path(federate_dir)
     for cfg in cfgs:
-        if not (run_dir(fed, cfg.algorithm, cfg.seed) / "model.safetensors").is_file():
-            raise ConfigError("study.algorithms", cfg.algorithm,
-                              f"an algorithm with a trained model in "
-                              f"{run_dir(fed, cfg.algorithm, cfg.seed)} "
-                              f"(run `dvc repro federate@{cfg.algorithm}-{cfg.seed}`)")
+        check_run(run_dir(fed, cfg.algorithm, cfg.seed), stage_of(cfg))
     parts = {s: load_partition(partition_file(s, partition_dir), s)
              for s in dict.fromkeys(cfg.seed for cfg in cfgs)}
     ds = load_dataset(cfgs[0].dataset)
@@ -358,7 +374,7 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
         shown = own if own is not None else generic
         per_client[cfg.algorithm] = np.concatenate([per_client.get(cfg.algorithm, np.empty(0)),
                                                     shown])
-        run_history = read_history(run / "history.csv")
+        run_history = read_table(run / "history.csv", stage_of(cfg))
         all_histories.setdefault(cfg.algorithm, []).append(run_history)
         history += history_rows(cfg.algorithm, cfg.seed, run_history)
         rows += [[cfg.algorithm, cfg.seed, i, float(a), "" if own is None else float(own[i])]

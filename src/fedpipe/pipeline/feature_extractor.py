@@ -136,7 +136,7 @@ def load_fid_tools(cfg: FIDConfig, meta: DatasetMeta, seed: int, fid_dir: str | 
                          f"params say {cfg.classifier.name!r} (re-run `dvc repro feature_extractor`)")
     device = torch.device(device)
     clf = build_classifier(cfg, meta, seed)
-    clf.load_state_dict(load_tensors(d / "classifier.safetensors"))
+    clf.load_state_dict(load_tensors(d / "classifier.safetensors", "feature_extractor"))
     clf.to(device).eval()
     fid = make_fid(cfg, clf, device)
     ref, name = load_reference(d / "reference.safetensors")

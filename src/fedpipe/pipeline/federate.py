@@ -23,7 +23,15 @@ from fedpipe.data import ClientData, load_dataset
 from fedpipe.errors import InputError, SkippedStageError
 from fedpipe.fl import RunResult, run_federated
 from fedpipe.fl.state import Weights
-from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_csv, write_json
+from fedpipe.io import (
+    load_tensors,
+    md5_file,
+    read_json_input,
+    save_figure,
+    save_tensors,
+    write_csv,
+    write_json,
+)
 from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss, sigma_acc
 from fedpipe.models.adapters import load_backbone
 from fedpipe.pipeline.common import (
@@ -90,13 +98,20 @@ def save_personal(out: Path, personal: dict[int, Weights], global_weights: Weigh
     write_json(d / "index.json", {"clients": index})  # also for a method without personal models
 
 
-def load_personal(out: Path, global_weights: Weights) -> dict[int, Weights]:
-    """The clients' own models saved by :func:`save_personal` ({} for a method without them)."""
+def load_personal(out: Path, global_weights: Weights, stage: str | None = None
+                  ) -> dict[int, Weights]:
+    """The clients' own models saved by :func:`save_personal` ({} for a method without them): the
+    files ``personal/index.json`` names, each verified against its content hash; a missing or
+    corrupt file is an InputError naming it and ``dvc repro <stage>``."""
     d = personal_dir(out)
     if not d.is_dir():
         return {}
-    return {int(f.stem): {**global_weights, **load_tensors(f)}
-            for f in sorted(d.glob("*.safetensors"), key=lambda f: int(f.stem))}
+    index = read_json_input(d / "index.json", stage)
+    clients = index.get("clients") if isinstance(index, dict) else None
+    if not isinstance(clients, dict) or not all(str(c).isdigit() for c in clients):
+        raise InputError(d / "index.json", "not a personal-model index (corrupt?)", stage)
+    return {int(c): {**global_weights, **load_tensors(d / f"{c}.safetensors", stage)}
+            for c in sorted(clients, key=int)}
 
 
 def save_run(out: Path, result: RunResult, model_meta: dict) -> None:
@@ -208,14 +223,15 @@ def backbone_of(cfg: TrainConfig, backbone_dir: str | Path = BACKBONE_DIR
             raise InputError(path, f"missing (the FedAvg backbone of {cfg.algorithm}, seed "
                              f"{cfg.seed})", stage)
         try:
-            return load_tensors(path), {str(path): md5_file(path)}
+            return load_tensors(path, stage), {str(path): md5_file(path)}
         except SkippedStageError:
             raise InputError(path, "a placeholder: the plan skipped the backbone stage (no algorithm "
                              "with backbone: fedavg when it ran)", stage) from None
     if not Path(backbone).is_file():
         raise ConfigError(f"algorithms.{cfg.algorithm}.backbone", backbone,
                           "none, fedavg or an existing .safetensors file (never downloaded)")
-    return load_tensors(backbone), {backbone: md5_file(backbone)}
+    # a file the user made (``safetensors.torch.save_file``): no stage rebuilds it, no content hash
+    return load_tensors(backbone, None, verify=False), {backbone: md5_file(backbone)}
 
 
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
@@ -233,7 +249,12 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     partition_path = partition_path or partition_file(cfg.seed)
     server_data_dir = server_data_dir or replicate_dir(SERVER_DATA_DIR, cfg.seed)
     part = load_partition(partition_path, cfg.seed)
-    kind = ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg)
+    method = ALGORITHMS[cfg.algorithm]
+    if getattr(method, "needs_client_groups", False) and "groups" not in part.meta:
+        raise ConfigError("partition.scheme", part.meta["scheme"],
+                          f"label_blocks ({cfg.algorithm} needs each client's planted group)")
+    method.check_clients(cfg.algo_cfg, part.num_clients, cfg.fl.clients_per_round(part.num_clients))
+    kind = method.server_data_kind(cfg.algo_cfg)
     if kind != "none":  # every input is readable before any compute
         check_server_data(kind, server_data_dir, f"server_data@{cfg.seed}")
     ds = load_dataset(cfg.dataset)
@@ -246,9 +267,6 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
     if "groups" in part.meta:  # the planted groups (label_blocks): oracle groups, clustering NMI
         strategy.client_groups = tuple(int(g) for g in part.meta["groups"])
-    elif getattr(strategy, "needs_client_groups", False):
-        raise ConfigError("partition.scheme", part.meta["scheme"],
-                          f"label_blocks ({cfg.algorithm} needs each client's planted group)")
     inputs = {str(partition_path): md5_file(partition_path)}
     backbone, read = backbone_of(cfg, backbone_dir)
     if backbone is not None:

@@ -74,7 +74,7 @@ def load_aux(path: str | Path, seed: int | None = None) -> AuxSet:
     from fedpipe.io import read_metadata
 
     check_aux(path, seed)
-    t = load_tensors(path)
+    t = load_tensors(path, "generate" if seed is None else f"generate@{seed}")
     return AuxSet(t["images"], t["labels"], t["client"], read_metadata(path, META_KEY) or {})
 
 
@@ -99,7 +99,7 @@ def _sample_client(job: tuple, device: torch.device | str = "cpu") -> tuple[int,
     cfg, meta, cid, n, y, path = job
     g = cfg.generate
     steps = cfg.diffusion.num_train_timesteps if g.sampler == "ddpm" else g.ddim_steps
-    weights = load_tensors(path)
+    weights = load_tensors(path, f"warmup@{cfg.seed}")
     if not all_finite(weights):
         raise DivergenceError(f"generate: client {cid}'s warm-up model {path} holds non-finite "
                               "weights (its warm-up diverged); nothing is written. Run "

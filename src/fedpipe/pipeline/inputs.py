@@ -38,9 +38,9 @@ PARTITION_KEYS = ("train_indices", "train_offsets", "test_indices", "test_offset
 def load_partition(path: str | Path, seed: int | None = None) -> Partition:
     """The partition file at ``path``; ``seed``: its replicate (the error names `dvc repro
     partition@<seed>`)."""
-    check_input(path, "partition" if seed is None else f"partition@{seed}", PARTITION_KEYS,
-                "fedpipe.partition")
-    return Partition.load(path)
+    stage = "partition" if seed is None else f"partition@{seed}"
+    check_input(path, stage, PARTITION_KEYS, "fedpipe.partition")
+    return Partition.load(path, stage)
 
 
 def clients_of(ds: Dataset, part: Partition, which: str = "train") -> list[ClientData]:

@@ -103,9 +103,14 @@ def backbone_users(params: dict[str, Any]) -> tuple[list[str], int | None]:
 
 def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
     """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
+    from fedpipe.algorithms import check_algorithm_sections, check_algorithms
+
     root = Path(root)
     study = build(StudyConfig, params.get("study"), "study")
     study.check_graph()
+    check_algorithms(study.algorithms, "study.algorithms")  # both tracks' names, before any stage
+    check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")  # of theirs runs
+    check_algorithm_sections(params.get("algorithms"))
     run = uses_diffusion(params)
     inputs = input_files(params, root)
     users, rounds = backbone_users(params)

@@ -34,7 +34,6 @@ method's final FID), ``fid_history.csv`` (every run's evaluated rounds, for DVC'
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,8 @@ from fedpipe.claims import fednh as fednh_claims
 from fedpipe.claims import fedptr as fedptr_claims
 from fedpipe.claims import perada as perada_claims
 from fedpipe.config.fl import StudyConfig
-from fedpipe.io import read_json, save_figure, write_csv, write_json, write_text
+from fedpipe.errors import InputError
+from fedpipe.io import read_json_input, read_table, save_figure, write_csv, write_json, write_text
 from fedpipe.pipeline.skip import write_placeholder
 from fedpipe.reference import CITATION, describe, paper_fid, paper_stop_round
 
@@ -93,11 +93,6 @@ def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
-def read_history(path: Path) -> list[dict[str, float]]:
-    with open(path, newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
-
-
 def ddpm_run_dir(root: str | Path, algorithm: str, seed: int) -> Path:
     """The federate_ddpm stage's folder of one run (its ``run_dir``)."""
     return Path(root) / algorithm / f"seed_{seed}"
@@ -110,11 +105,12 @@ def read_diffusion_runs(study: StudyConfig, root: str | Path
     for algo in study.diffusion_algorithms:
         runs[algo] = {}
         for seed in study.seeds:
-            d = ddpm_run_dir(root, algo, seed)
-            if not (d / "metrics.json").is_file():
-                raise FileNotFoundError(f"missing {d / 'metrics.json'} (run `dvc repro "
-                                        f"federate_ddpm@{algo}-{seed}`)")
-            runs[algo][seed] = (read_json(d / "metrics.json"), read_history(d / "history.csv"))
+            d, stage = ddpm_run_dir(root, algo, seed), f"federate_ddpm@{algo}-{seed}"
+            metrics = read_json_input(d / "metrics.json", stage)
+            if not isinstance(metrics, dict) or "fid" not in metrics:
+                raise InputError(d / "metrics.json", "not a federate_ddpm metrics file (corrupt?)",
+                                 stage)
+            runs[algo][seed] = (metrics, read_table(d / "history.csv", stage))
     return runs
 
 
@@ -171,10 +167,12 @@ def diffusion_table(study: StudyConfig, summary_: dict, meta: dict) -> list[str]
 def read_classification(evaluate_dir: str | Path) -> tuple[dict, dict]:
     """(metrics.json: mean and std over seeds per algorithm, seeds.json: per seed)."""
     d = Path(evaluate_dir)
-    for name in ("metrics.json", "seeds.json"):
-        if not (d / name).is_file():
-            raise FileNotFoundError(f"missing {d / name} (run `dvc repro evaluate`)")
-    return read_json(d / "metrics.json"), read_json(d / "seeds.json")
+    docs = [read_json_input(d / name, "evaluate") for name in ("metrics.json", "seeds.json")]
+    for name, doc in zip(("metrics.json", "seeds.json"), docs, strict=True):
+        if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+            raise InputError(d / name, "not the evaluate stage's {algorithm: {...}} (corrupt?)",
+                             "evaluate")
+    return docs[0], docs[1]
 
 
 def _pct(m: dict[str, float], key: str) -> str:

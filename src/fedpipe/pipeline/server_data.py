@@ -31,7 +31,7 @@ from fedpipe.config.fl import StudyConfig
 from fedpipe.config.stages import check_sections
 from fedpipe.data import ClientData
 from fedpipe.fl import ServerData
-from fedpipe.io import check_input, load_tensors, md5_file, read_json, save_tensors, write_json
+from fedpipe.io import check_input, load_tensors, md5_file, read_json_input, save_tensors, write_json
 
 SERVER_DATA_DIR = Path("data/server_data")
 GENERATED_KINDS = ("aux", "distill")
@@ -59,6 +59,7 @@ def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
     return kinds
 
 
+
 def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
                       out_dir: str | Path = SERVER_DATA_DIR, holdout=None, public=None
                       ) -> dict[str, Any]:
@@ -82,7 +83,8 @@ def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
     kinds = {k: v for k, v in kinds.items() if k not in ("holdout", "public")}
     if kinds:
         check_input(aux_path, "generate", ("images", "labels", "client"))
-        aux = load_tensors(aux_path)  # the generate stage's file: images, labels (-1 = none), client
+        # the generate stage's file: images, labels (-1 = none), client
+        aux = load_tensors(aux_path, "generate")
         for kind, users in sorted(kinds.items()):
             labels = aux["labels"] if kind == "aux" else torch.full_like(aux["labels"], -1)
             path = out / f"{kind}.safetensors"
@@ -128,9 +130,10 @@ def load_server_data(kind: str, who: str, root: str | Path = SERVER_DATA_DIR,
     """The server data of ``kind`` written by the stage ``stage`` into ``root`` (``who`` needs it)."""
     path = Path(root) / f"{kind}.safetensors"
     check_server_data(kind, root, stage)
-    t = load_tensors(path)
+    t = load_tensors(path, stage)
     labelled = bool((t["labels"] >= 0).all())
     manifest = Path(root) / MANIFEST
-    info = read_json(manifest)["kinds"].get(kind, {}) if manifest.is_file() else {}
+    info = (read_json_input(manifest, stage).get("kinds", {}).get(kind, {}) if manifest.is_file()
+            else {})
     return ServerData(kind, ClientData(t["images"], t["labels"]), labelled,
                       info.get("source", str(path)))

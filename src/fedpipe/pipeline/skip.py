@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedpipe.io import SKIPPED_KEY, read_json, save_tensors, write_csv, write_json, write_text
+from fedpipe.errors import InputError
+from fedpipe.io import SKIPPED_KEY, read_json_input, save_tensors, write_csv, write_json, write_text
 
 DIFFUSION_PLAN = Path("data/plan/diffusion.json")
 BACKBONE_PLAN = Path("data/plan/backbone.json")
@@ -88,7 +89,10 @@ def skip_if_unused(stage: str, plan: str | Path = DIFFUSION_PLAN,
     outputs = stage_outputs(stage, dvc_yaml, item)
     if item:
         stage = f"{stage}@{'-'.join(str(v) for v in item.values())}"
-    if read_json(plan).get("run", True):
+    decision = read_json_input(plan, "plan")
+    if not isinstance(decision, dict) or not isinstance(decision.get("run", True), bool):
+        raise InputError(plan, "not a plan file ({\"run\": true|false}; corrupt?)", "plan")
+    if decision.get("run", True):
         for out in outputs:  # a folder that held a placeholder is the real output again
             if not Path(out).suffix:
                 (Path(out) / SKIPPED_FILE).unlink(missing_ok=True)

@@ -37,13 +37,12 @@ from fedpipe.cli import keep_on_interrupt
 from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
-from fedpipe.errors import DivergenceError
+from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import all_finite
 from fedpipe.io import (
     md5_file,
-    read_metadata,
-    safetensors_problem,
+    read_tensors,
     save_figure,
     save_tensors,
     set_aside,
@@ -148,15 +147,12 @@ def _finished(path: Path, fingerprint: str, aside: Path) -> dict | None:
     log line, and the client is trained afresh."""
     if not path.is_file():
         return None
-    problem = safetensors_problem(path)
-    meta = None
-    if problem is None:
-        try:
-            meta = read_metadata(path, META_KEY)
-        except ValueError as e:  # json.JSONDecodeError is a ValueError
-            problem = f"unreadable metadata ({e})"
-    if problem is not None:
-        set_aside(path, problem, aside)
+    try:  # read whole: the content must match the hash it was written with, and be finite
+        weights, meta = read_tensors(path)
+        if not all_finite(weights):
+            raise InputError(path, "holds non-finite values", None)
+    except InputError as e:
+        set_aside(path, e.problem, aside)
         return None
     return meta if meta and meta.get("fingerprint") == fingerprint else None
 

@@ -80,6 +80,25 @@ def _db_lock(uri: str) -> Iterator[None]:
         yield
 
 
+def check_db(uri: str) -> None:
+    """An existing ``sqlite:///`` tracking database that SQLite cannot read (garbage, truncated) is
+    an InputError naming the file, before MLflow's long SQLAlchemy traceback could."""
+    import sqlite3
+
+    if not uri.startswith("sqlite:///") or not sqlite_db(uri).is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{sqlite_db(uri)}?mode=ro", uri=True)) as db:
+            verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        verdict = str(e)
+    if verdict != "ok":
+        from fedpipe.errors import InputError
+
+        raise InputError(sqlite_db(uri), f"not a readable MLflow database ({verdict}); move it "
+                         "aside (a new one is made) or set FEDPIPE_TRACKING=off", None)
+
+
 def tracking_enabled() -> bool:
     return os.environ.get("FEDPIPE_TRACKING", "on").lower() not in ("off", "0", "false", "no")
 
@@ -205,6 +224,7 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
     import mlflow
 
     uri = tracking_uri()
+    check_db(uri)
     mlflow.set_tracking_uri(uri)
     sha, dirty = git_state()
     exp_name = os.environ.get("DVC_EXP_NAME", "")
