@@ -196,7 +196,8 @@ def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
     assert {"partition@0", "warmup@0", "generate@0", "aux_quality@0", "server_data@0",
             "backbone@0", "federate@fedavg-0", "federate@fedprox-0", "federate_ddpm@fedavg-0",
             "feature_extractor", "evaluate", "report", "plan"} == first
-    assert tensors_sha(tmp_path / "data/partition/seed_0/partition.safetensors") == BEFORE_TENSORS["partition_seed0"]
+    assert (tensors_sha(tmp_path / "data/partition/seed_0/partition.safetensors")
+            == BEFORE_TENSORS["partition_seed0"])
     assert repro() == {"plan"}  # always_changed; nothing else
 
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
@@ -206,7 +207,8 @@ def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
            "federate@fedavg-1", "federate@fedprox-1", "federate_ddpm@fedavg-1"}
     # evaluate and report aggregate over replicates; the shared feature extractor stays cached
     assert repro() == new | {"plan", "evaluate", "report"}
-    assert tensors_sha(tmp_path / "data/partition/seed_1/partition.safetensors") == BEFORE_TENSORS["partition_seed1"]
+    assert (tensors_sha(tmp_path / "data/partition/seed_1/partition.safetensors")
+            == BEFORE_TENSORS["partition_seed1"])
     # the new replicate read its own upstream files (the stand-ins name the stage that wrote them)
     assert (tmp_path / "data/server_data/seed_1/made_by.txt").read_text() == "server_data@1\n"
 

@@ -4,7 +4,8 @@ study's replicates (DESIGN.md §2, "Claims"; the longer explanation is docs/clai
 A :class:`Claim` compares two arms of one track (``diffusion`` or ``classification``) on one metric:
 the method's value is ``lower`` or ``higher`` than the baseline's, it ``match``-es the baseline's
 within a relative tolerance, or it is ``at_least`` the baseline's less a relative tolerance (a
-non-inferiority claim: "on par or better"). Each paper's claims live in one module of this package (``fedddpm``,
+non-inferiority claim: "on par or better"). Each paper's claims live in one module of this package
+(``fedddpm``,
 ``baselines``, ...) with ``KEY`` (the name ``study.papers`` uses), ``PAPER``, ``ARMS`` and
 ``claims(study) -> list[Claim]``; a later paper adds its module to :data:`MODULES`. A claim is
 encoded as the paper states it; the numbers decide whether it holds here. A study judges the claims
@@ -86,7 +87,8 @@ RULE = ("Each claim is judged over ≥ 3 replicates (study.seeds): d = the diffe
         "correction over the paper's judged claims in this study; a match claim holds when the "
         "equivalence test (two one-sided tests, the paper's tolerance as margin) does, at the same "
         "level; an at-least (\"on par or better\") claim when the one-sided test rejects \"worse "
-        "by the margin or more\". Contradicted: the opposite test is significant at that level; not shown: neither. "
+        "by the margin or more\". Contradicted: the opposite test is significant at that level; not "
+        "shown: neither. "
         "SE = 0 (no spread over replicates) is never a test: not shown. Fewer than 3 replicates: "
         "not judged; an arm missing from the study: not evaluated.")
 
