@@ -5,8 +5,7 @@ A :class:`Claim` compares two arms of one track (``diffusion`` or ``classificati
 the method's value is ``lower`` or ``higher`` than the baseline's, it ``match``-es the baseline's
 within a relative tolerance, or it is ``at_least`` the baseline's less a relative tolerance (a
 non-inferiority claim: "on par or better"). Each paper's claims live in one module of this package
-(``fedddpm``,
-``baselines``, ...) with ``KEY`` (the name ``study.papers`` uses), ``PAPER``, ``ARMS`` and
+(``fedddpm``, ``baselines``, ...) with ``KEY`` (the name ``study.papers`` uses), ``PAPER``, ``ARMS`` and
 ``claims(study) -> list[Claim]``; a later paper adds its module to :data:`MODULES`. A claim is
 encoded as the paper states it; the numbers decide whether it holds here. A study judges the claims
 of its own papers only (``study.papers``, or the papers whose arms it runs: :func:`study_papers`).
