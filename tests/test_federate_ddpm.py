@@ -173,7 +173,7 @@ def test_classifier_calibration_needs_a_labelled_aux_set(track, tmp_path):
     part = root / "partition" / "partition.safetensors"
     from fedpipe.pipeline.server_data import needed_kinds, write_server_data
 
-    p["study"] = {**p["study"], "algorithms": ["fedavg", "fedddpm"]}
+    p["study"] = {**p["study"], "algorithms": ["fedavg", "fedddpm"], "server_data_from": "generate"}
     kinds = needed_kinds(p)
     assert kinds == {"aux": ["fedddpm"]}  # declared by the method's config, not named by the pipeline
     write_server_data(kinds, root / "gen" / "aux.safetensors", tmp_path / "sd_a")

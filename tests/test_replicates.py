@@ -213,7 +213,7 @@ def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
     assert (tmp_path / "data/server_data/seed_1/made_by.txt").read_text() == "server_data@1\n"
 
     # dropping the seed again: replicate 0 is still cached, nothing of it re-runs
-    params["study"]["seeds"] = [0]
+    params["study"]["seeds"] = params["study"]["diffusion_seeds"] = [0]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert not {s for s in repro() if s.endswith("@0") or s.endswith("-0")}
 

@@ -143,8 +143,9 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
         if not isinstance(obj, dict) or HASH_FIELD in obj:
             raise ValueError(f"save_tensors: metadata {key!r} must be a JSON object without "
                              f"{HASH_FIELD!r}")
-        body = json.dumps(obj, sort_keys=True)
-        value = json.dumps({**obj, HASH_FIELD: content_hash(clean, body)}, sort_keys=True)
+        body = json.dumps(obj, sort_keys=True)  # the hashed form: canonical, keys sorted
+        # stored in the caller's key order (a checkpoint's history rows keep their column order)
+        value = json.dumps({**obj, HASH_FIELD: content_hash(clean, body)})
     with atomic_path(path) as tmp:
         save_file(clean, str(tmp), metadata={key: value})
 
