@@ -2,8 +2,9 @@
 study's replicates (DESIGN.md §2, "Claims"; the longer explanation is docs/claims.md).
 
 A :class:`Claim` compares two arms of one track (``diffusion`` or ``classification``) on one metric:
-the method's value is ``lower`` or ``higher`` than the baseline's, or it ``match``-es the baseline's
-within a relative tolerance. Each paper's claims live in one module of this package (``fedddpm``,
+the method's value is ``lower`` or ``higher`` than the baseline's, it ``match``-es the baseline's
+within a relative tolerance, or it is ``at_least`` the baseline's less a relative tolerance (a
+non-inferiority claim: "on par or better"). Each paper's claims live in one module of this package (``fedddpm``,
 ``baselines``, ...) with ``KEY`` (the name ``study.papers`` uses), ``PAPER``, ``ARMS`` and
 ``claims(study) -> list[Claim]``; a later paper adds its module to :data:`MODULES`. A claim is
 encoded as the paper states it; the numbers decide whether it holds here. A study judges the claims
@@ -14,7 +15,7 @@ The rule (:func:`judge_all`)
 A claim is judged over at least ``MIN_SEEDS = 3`` replicates (``study.seeds``), never fewer.
 
 - ``d`` is the difference in the claimed direction: ``baseline - method`` for ``lower``,
-  ``method - baseline`` for ``higher`` and ``match`` (signed: FedDDPM+ FID - FedDDPM FID).
+  ``method - baseline`` for ``higher``, ``at_least`` and ``match`` (signed: FedDDPM+ FID - FedDDPM FID).
 - **Paired** (the arms share at least 3 replicates, or have exactly the same ones): ``d_s`` per shared
   replicate, ``mean = mean(d_s)``, ``SE = std(d_s, ddof=1) / sqrt(n)``, ``df = n - 1``.
 - **Welch** (otherwise; each arm needs at least 3): ``mean = mean_m - mean_b`` (signed as above),
@@ -26,6 +27,10 @@ A claim is judged over at least ``MIN_SEEDS = 3`` replicates (``study.seeds``), 
   baseline|``: ``p = max(P(T >= (mean + delta) / SE), P(T <= (mean - delta) / SE))``. Its opposite,
   "the difference is outside the margin", has ``p = 2 min(P(T >= (mean - delta) / SE),
   P(T <= (mean + delta) / SE))`` (both sides, Bonferroni).
+- ``at_least``: one-sided test of "the method is worse by the margin or more" with ``delta =
+  tolerance * |mean of the baseline|``: ``p = P(T >= (mean + delta) / SE)`` (the one-sided t-test
+  of ``d + delta``; a non-inferiority test); its opposite, "worse by more than the margin", has
+  ``p = 1 - p``.
 - **Holm**: the p-values of the claims judged for one paper in one study (k of them) are Holm-adjusted
   (``p_(i)`` times ``k - i + 1``, made monotone); the opposite-direction p-values likewise.
 - Verdicts: ``held`` (Holm-adjusted p <= ALPHA = 0.05); ``contradicted`` (the opposite test's
@@ -67,10 +72,12 @@ SE_ZERO = 1e-12
 """An SE below this fraction of the largest value is 0 (a constant difference up to rounding)."""
 ALPHA = 0.05
 TRACKS = ("diffusion", "classification")
-DIRECTIONS = ("lower", "higher", "match")
+DIRECTIONS = ("lower", "higher", "match", "at_least")
 STATUSES = ("held", "not shown", "contradicted", "not judged", "not evaluated")
 FACT_STATUSES = ("true", "false", "not evaluated")
-OPS = {"lower": "lt", "higher": "gt", "match": "match"}
+MARGINED = ("match", "at_least")
+"""The directions whose test has a margin (``Claim.tolerance``, relative to the baseline's mean)."""
+OPS = {"lower": "lt", "higher": "gt", "match": "match", "at_least": "ge"}
 
 RULE = ("Each claim is judged over ≥ 3 replicates (study.seeds): d = the difference in the claimed "
         "direction, paired by replicate where both arms share them (SE = std(d)/√n, df = n − 1), "
@@ -78,11 +85,12 @@ RULE = ("Each claim is judged over ≥ 3 replicates (study.seeds): d = the diffe
         "holds when the one-sided t-test rejects \"no difference\" at α = 0.05 after a Holm "
         "correction over the paper's judged claims in this study; a match claim holds when the "
         "equivalence test (two one-sided tests, the paper's tolerance as margin) does, at the same "
-        "level. Contradicted: the opposite test is significant at that level; not shown: neither. "
+        "level; an at-least (\"on par or better\") claim when the one-sided test rejects \"worse "
+        "by the margin or more\". Contradicted: the opposite test is significant at that level; not shown: neither. "
         "SE = 0 (no spread over replicates) is never a test: not shown. Fewer than 3 replicates: "
         "not judged; an arm missing from the study: not evaluated.")
 
-Direction = Literal["lower", "higher", "match"]
+Direction = Literal["lower", "higher", "match", "at_least"]
 Track = Literal["diffusion", "classification"]
 Values = Mapping[str, Mapping[Any, float]]  # {algorithm: {seed: value}}
 
@@ -93,8 +101,9 @@ class Claim:
 
     ``paper`` names who claims it (its first word is the paper's key, e.g. ``"FedDDPM (Peng et al.
     2025)"``); ``text`` is the claim as the paper states it; ``source`` where (table, column and the
-    paper's numbers). ``tolerance`` (``match`` only) is relative to the baseline's mean. ``fact``: a
-    deterministic property, reported beside the claims and never counted as one (:func:`judge_fact`).
+    paper's numbers). ``tolerance`` (``match`` and ``at_least`` only) is relative to the baseline's
+    mean. ``fact``: a deterministic property, reported beside the claims and never counted as one
+    (:func:`judge_fact`).
     """
 
     paper: str
@@ -116,8 +125,9 @@ class Claim:
             raise ValueError(f"claim {self.text!r}: track {self.track!r} not in {TRACKS}")
         if self.direction not in DIRECTIONS:
             raise ValueError(f"claim {self.text!r}: direction {self.direction!r} not in {DIRECTIONS}")
-        if (self.direction == "match") != (self.tolerance is not None):
-            raise ValueError(f"claim {self.text!r}: a tolerance goes with direction 'match' only")
+        if (self.direction in MARGINED) != (self.tolerance is not None):
+            raise ValueError(f"claim {self.text!r}: a tolerance goes with directions {MARGINED} "
+                             "only, and they need one")
         if self.tolerance is not None and not self.tolerance > 0:
             raise ValueError(f"claim {self.text!r}: tolerance must be > 0, got {self.tolerance}")
         if self.method == self.baseline:
@@ -145,7 +155,7 @@ class ClaimResult:
     se: float | None = None
     n: int = 0
     test: str | None = None  # "paired" | "welch"
-    threshold: float | None = None  # match claims: the absolute margin
+    threshold: float | None = None  # match / at_least claims: the absolute margin
     reason: str = ""
     df: float | None = None
     p: float | None = None
@@ -310,7 +320,7 @@ def judge(claim: Claim, values: Values) -> ClaimResult:
         return early
     test, n, mean, se, df = _stats(claim, m, b)
     threshold = (claim.tolerance * abs(float(np.mean(list(b.values()))))
-                 if claim.direction == "match" else None)
+                 if claim.direction in MARGINED else None)
     common = dict(mean_diff=mean, se=se, n=n, test=test, threshold=threshold, df=df)
     if n < MIN_SEEDS or se is None:
         why = (f"{n} paired replicate(s)" if test == "paired"
@@ -325,6 +335,8 @@ def judge(claim: Claim, values: Values) -> ClaimResult:
             "by itself"))
     if claim.direction == "match":
         p, p_opp = equivalence_p(mean, se, df, threshold)
+    elif claim.direction == "at_least":
+        p, p_opp = directional_p(mean + threshold, se, df)
     else:
         p, p_opp = directional_p(mean, se, df)
     return _decide(ClaimResult(claim, "", m, b, **common, p=float(p), p_opposite=float(p_opp)), 1)
@@ -335,7 +347,8 @@ def _decide(r: ClaimResult, family: int, p_holm: float | None = None,
     ph = r.p if p_holm is None else p_holm
     po = r.p_opposite if p_opp_holm is None else p_opp_holm
     status = "held" if ph <= ALPHA else "contradicted" if po <= ALPHA else "not shown"
-    what = "equivalence (TOST)" if r.claim.direction == "match" else "one-sided t"
+    what = {"match": "equivalence (TOST)", "at_least": "non-inferiority (one-sided t)"}.get(
+        r.claim.direction, "one-sided t")
     reason = (f"{what}: p = {r.p:.3g}, Holm over {family} = {ph:.3g}; opposite p = "
               f"{r.p_opposite:.3g}, Holm = {po:.3g}; level {ALPHA}")
     return replace(r, status=status, p_holm=ph, p_opposite_holm=po, family=family, reason=reason)
@@ -355,6 +368,8 @@ def judge_fact(claim: Claim, values: Values) -> ClaimResult:
         ok = [x < y for x, y in pairs]
     elif claim.direction == "higher":
         ok = [x > y for x, y in pairs]
+    elif claim.direction == "at_least":
+        ok = [x >= y - claim.tolerance * abs(y) for x, y in pairs]
     else:
         ok = [abs(x - y) <= claim.tolerance * abs(y) for x, y in pairs]
     sign = -1.0 if claim.direction == "lower" else 1.0

@@ -239,7 +239,8 @@ def _difference(r: ClaimResult) -> str:
     if r.se is not None:
         out += f", SE {r.se:.3g} ({r.test}, n={r.n})"
     if r.threshold is not None:
-        out += f"; margin ±{r.threshold:.4g}"
+        sign = "−" if r.claim.direction == "at_least" else "±"
+        out += f"; margin {sign}{r.threshold:.4g}"
     return out
 
 
