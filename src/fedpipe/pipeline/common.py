@@ -8,11 +8,17 @@ from typing import Any
 
 import torch
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
+from fedpipe.algorithms import (
+    ALGORITHMS,
+    algorithm_config,
+    check_algorithm_sections,
+    check_algorithms,
+    init_config,
+)
 from fedpipe.config import DatasetConfig, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.device import DeviceConfig, device_config, device_params
-from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
+from fedpipe.config.fl import FLConfig, InitConfig, ModelConfig, StudyConfig, fl_config, model_config
 from fedpipe.config.models import check_model  # noqa: F401  (re-exported)
 from fedpipe.config.stages import check_sections, read_seed, replicate_seed
 from fedpipe.data import Dataset
@@ -47,6 +53,8 @@ class TrainConfig:
     params_read: dict
     device: DeviceConfig = DeviceConfig()
     """Where the run computes (top-level ``device`` and ``accel``)."""
+    init: InitConfig = InitConfig()
+    """Where the model starts (``algorithms.<algorithm>.backbone``, ``pretrain_rounds``)."""
 
 
 parse_run_seed = replicate_seed  # a stage's seed argument (one of ``study.seeds``)
@@ -65,13 +73,14 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     check_algorithms(study.algorithms, "study.algorithms")
     algos = check_algorithm_sections(params.get("algorithms"))
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
+    init = init_config(algorithm, algos.get(algorithm))
     run = seed if run_seed is None else parse_run_seed(run_seed)
     read = {"seed": seed, "run_seed": run, "dataset": params.get("dataset"),
             "model": params.get("model"), "fl": params.get("fl"),
             f"algorithms.{algorithm}": algos.get(algorithm) or {}}
     device = device_config(params)
     read |= device_params(params, device)
-    return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read, device)
+    return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read, device, init)
 
 
 def make_model(cfg: TrainConfig, ds: Dataset) -> torch.nn.Module:
