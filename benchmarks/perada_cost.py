@@ -17,7 +17,7 @@ import torch
 from fedpipe.algorithms.perada import PerAda, PerAdaConfig
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl import Payload, RoundInfo, ServerData
+from fedpipe.fl import RoundInfo, ServerData
 from fedpipe.models import build_model
 from fedpipe.models.adapters import adapter_keys, add_adapters, freeze_backbone
 from fedpipe.tasks import ClassificationTask
@@ -57,7 +57,7 @@ def distill_time(clients: int = 4, n_client: int = 100, n_aux: int = 270, steps:
     t_client, t_kd = [], []
     for r in range(repeats):
         t0 = time.perf_counter()
-        ups = [s.client_update(Payload(r, state.weights), {}, d, torch.Generator().manual_seed(c),
+        ups = [s.client_update(s.payload(state, r, c), {}, d, torch.Generator().manual_seed(c),
                                c)[0] for c, d in enumerate(data)]
         t1 = time.perf_counter()
         rnd = RoundInfo(index=r, total=repeats, seed=0, updates=tuple(ups), server_data=aux)

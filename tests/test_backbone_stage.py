@@ -74,7 +74,7 @@ def old_pretrain_backbone(cfg, ds, clients, out):
     from fedpipe.tasks import ClassificationTask
 
     plain = replace(cfg, algorithm="fedavg", algo_cfg=None)
-    rounds = getattr(cfg.algo_cfg, "pretrain_rounds", None) or cfg.fl.rounds
+    rounds = cfg.init.pretrain_rounds or cfg.fl.rounds  # then PerAda's config's, now any method's
     device, accel = cfg.device.torch, cfg.device.accel
     strategy = Strategy(ClassificationTask(accel.bf16_autocast, accel.compile),
                         lambda: make_model(plain, ds).to(device), cfg.fl.local,

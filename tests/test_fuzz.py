@@ -313,6 +313,8 @@ add("federate", "algorithms.fedrep.head_epochs", [-1, 1.5], algorithm="fedrep")
 add("federate", "algorithms.fedavg_ft.ft_epochs", [-1], algorithm="fedavg_ft")
 add("federate", "algorithms.fedddpm.server_lr", [INF, 0], algorithm="fedddpm")
 add("federate", "algorithms.fedprox.muu", [0.1], algorithm="fedprox")
+add("federate", "algorithms.ditto.backbone", ["w.pth", 3, None], algorithm="ditto")  # any method's
+add("federate", "algorithms.fedrep.pretrain_rounds", [0, 1.5, "2"], algorithm="fedrep")
 add("federate", "algorithms.fedfoo", [{}])
 add("federate", "algorithms.fedprox", [[1], "x"])
 add("federate", "algorithms", [["fedavg"], "fedavg"])

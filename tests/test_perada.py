@@ -144,6 +144,81 @@ def test_perada_client_one_step_personal_prox_and_local_adapter():
     torch.testing.assert_close(own["head.weight"], T(v1), rtol=0, atol=1e-12)
 
 
+def test_perada_first_round_starts_v_from_the_initial_model_not_the_received_one():
+    """v_m^0 = w^0 (the official code's per-client copy of the initial model): at a client's first
+    round its personal adapter trains from the initial adapter w^0, proximal to the w^t it receives;
+    theta_m trains from w^t. A client never selected is evaluated with w^0."""
+    lam = 0.5
+    s = perada(PerAdaConfig(lam=lam))
+    w0, w = [0.2, 0.1], [0.5, -0.25]
+    model = Frozen()
+    with torch.no_grad():
+        model.head.weight.copy_(T(w0))
+    initial = s.init_server(model)
+    later = ServerState({**initial.weights, "head.weight": T(w)}, initial.extra)  # w^t, round 3
+    data = ClientData(torch.tensor(X, dtype=DT), torch.tensor(Y, dtype=DT).reshape(-1, 1))
+    upd, cstate, _ = s.client_update(s.payload(later, 3, 1), {}, data,
+                                     torch.Generator().manual_seed(0), client_id=1)
+    # v1 = w0 - lr (grad L(w0) + 2 lam (w0 - w))   (from w^0, pulled towards w^t)
+    g0 = grad(w0)
+    v1 = [w0[d] - LR * (g0[d] + 2 * lam * (w0[d] - w[d])) for d in range(2)]
+    torch.testing.assert_close(cstate["personal"]["head.weight"], T(v1), rtol=0, atol=1e-12)
+    gw = grad(w)
+    torch.testing.assert_close(upd.weights["head.weight"], T([w[d] - LR * gw[d] for d in range(2)]),
+                               rtol=0, atol=1e-12)
+    # evaluation: the client's v_m; a client never selected: w^0, not w^t
+    gen = torch.Generator()
+    own = s.personalized_model(later, cstate, data, gen, 1)
+    torch.testing.assert_close(own["head.weight"], T(v1), rtol=0, atol=1e-12)
+    assert torch.equal(s.personalized_model(later, {}, data, gen, 2)["head.weight"], T(w0))
+
+
+class FrozenNorm(nn.Module):
+    """head(norm(x)) with a frozen BatchNorm outside PerAda's adapter set (as a downsample BN):
+    its running statistics are the only non-adapter entries that training changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(2).to(DT)
+        self.norm.requires_grad_(False)
+        self.head = nn.Linear(2, 1, bias=False).to(DT)
+
+    def forward(self, x):
+        return self.head(self.norm(x))
+
+
+def test_perada_personal_model_keeps_its_own_frozen_bn_statistics():
+    """The frozen BNs' running statistics are the client's own (official: each client's personal
+    model is a whole model): re-estimated on its data while v_m trains, never uploaded, and its
+    personalized model keeps them whatever the server's become (distillation re-estimates those).
+    One full-batch step in train mode: running = 0.9 running + 0.1 batch statistic (BatchNorm's
+    momentum; the variance unbiased). X's columns: means 2 and 0.5, unbiased variances 2 and 4.5."""
+    s = perada(PerAdaConfig(lam=0.5), model_fn=FrozenNorm)
+    initial = s.init_server(FrozenNorm())
+    assert {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked",
+            "head.weight"} == set(s.personal) and s.adapter == {"head.weight"}
+    data = ClientData(torch.tensor(X, dtype=DT), torch.tensor(Y, dtype=DT).reshape(-1, 1))
+    upd, cstate, _ = s.client_update(s.payload(initial, 0, 0), {}, data,
+                                     torch.Generator().manual_seed(0), client_id=0)
+    own = cstate["personal"]
+    torch.testing.assert_close(own["norm.running_mean"], torch.tensor([0.2, 0.05], dtype=DT),
+                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(own["norm.running_var"], torch.tensor([0.9 + 0.2, 0.9 + 0.45],
+                                                                     dtype=DT), rtol=0, atol=1e-12)
+    assert set(upd.weights) == {"head.weight"}  # theta_m: the adapter set only
+    # the server's statistics move (as KD's would); the personalized model keeps the client's
+    server = ServerState({**initial.weights, "norm.running_mean": torch.tensor([5.0, 5.0], dtype=DT)},
+                         initial.extra)
+    mine = s.personalized_model(server, cstate, data, torch.Generator(), 0)
+    assert torch.equal(mine["norm.running_mean"], own["norm.running_mean"])
+    # the next round starts from the client's own statistics: one more step from (0.2, 0.05)
+    _, again, _ = s.client_update(s.payload(server, 1, 0), cstate, data,
+                                  torch.Generator().manual_seed(1), client_id=0)
+    torch.testing.assert_close(again["personal"]["norm.running_mean"],
+                               torch.tensor([0.9 * 0.2 + 0.2, 0.9 * 0.05 + 0.05], dtype=DT),
+                               rtol=0, atol=1e-12)
+
+
 def test_perada_aggregate_is_uniform_and_nokd_skips_distillation():
     s = perada(PerAdaConfig(kd=False))
     glob = {"body.weight": torch.eye(2, dtype=DT), "head.weight": T([0.0, 0.0])}
@@ -357,12 +432,12 @@ def test_perada_client_update_is_a_function_of_its_stream_despite_dropout():
 
     s = PerAda(ClassificationTask(), model_fn, LocalTrainConfig(epochs=1, batch_size=4, lr=0.1), cfg,
                num_clients=1)
-    glob = model_fn().state_dict()
+    payload = s.payload(s.init_server(model_fn()), 0)
     data = ClientData(torch.rand(8, 1, 8, 8), torch.arange(8) % 10)
     runs = []
     for noise in (1, 2):
         torch.manual_seed(noise)  # a different global RNG state before each call
-        upd, cs, _ = s.client_update(Payload(0, glob), {}, data, torch.Generator().manual_seed(5))
+        upd, cs, _ = s.client_update(payload, {}, data, torch.Generator().manual_seed(5))
         runs.append((upd.weights, cs["personal"]))
     for a, b in zip(runs[0], runs[1], strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,7 +1,9 @@
 """Algorithms: one module per method family, each a :class:`fedpipe.fl.Strategy`.
 
 ``ALGORITHMS`` maps the name used in params (``algorithms.<name>``, ``study.algorithms``) to the
-Strategy class; each class's ``config_class`` is its hyperparameter dataclass.
+Strategy class; each class's ``config_class`` is its hyperparameter dataclass. Every section may also
+say where the method's model starts (``backbone``, ``pretrain_rounds``: :func:`init_config`), which
+the pipeline honours for every algorithm; the algorithm's config never sees those keys.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from fedpipe.algorithms.pfedme import PFedMe
 from fedpipe.algorithms.pow_d import PowD
 from fedpipe.algorithms.scaffold import Scaffold
 from fedpipe.config import ConfigError, build
+from fedpipe.config.fl import INIT_KEYS, InitConfig
 from fedpipe.fl import Strategy
 
 ALGORITHMS: dict[str, type[Strategy]] = {
@@ -93,10 +96,23 @@ def check_algorithms(names: list[str] | tuple[str, ...], key: str) -> None:
 
 def algorithm_config(name: str, data: dict[str, Any] | None, key: str = "algorithm argument") -> Any:
     """Validate ``algorithms.<name>`` against the algorithm's config dataclass (``key`` names where
-    ``name`` came from, for the error line)."""
+    ``name`` came from, for the error line); its init keys (:func:`init_config`) are validated and
+    left out."""
+    init_config(name, data, key)  # the section's init keys are valid too
+    own = {k: v for k, v in data.items() if k not in INIT_KEYS} if isinstance(data, dict) else data
+    return build(ALGORITHMS[name].config_class, own, f"algorithms.{name}")
+
+
+def init_config(name: str, data: dict[str, Any] | None, key: str = "algorithm argument"
+                ) -> InitConfig:
+    """Where algorithm ``name``'s model starts: the ``backbone`` / ``pretrain_rounds`` keys of
+    ``algorithms.<name>``, by default the algorithm's ``default_backbone`` (``none``; PerAda's frozen
+    backbone: ``fedavg``)."""
     if name not in ALGORITHMS:
         raise ConfigError(key, name, "one of " + ", ".join(sorted(ALGORITHMS)))
-    return build(ALGORITHMS[name].config_class, data, f"algorithms.{name}")
+    given = {k: v for k, v in data.items() if k in INIT_KEYS} if isinstance(data, dict) else {}
+    return build(InitConfig, {"backbone": ALGORITHMS[name].default_backbone, **given},
+                 f"algorithms.{name}")
 
 
 def check_algorithm_sections(data: Any) -> dict[str, Any]:

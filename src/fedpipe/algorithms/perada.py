@@ -27,19 +27,32 @@ spec §7.6); the student trains in train mode, as in the code. Not done: the cod
 KD checkpoint on a *labelled* server validation split (spec §2.5, not in the paper): the result is
 w^{t,R} as in Alg. 1.
 
-Evaluation: client m predicts with f((u, v_m), x) (``personalized_model``, the base class's: the
-global weights with the client's personal adapter; a never-selected client has v_m = w).
+Personal model (the paper is silent; both as the official code, where each client's personal model
+is a whole model of its own, a copy of the initial global model):
 
-Backbone (``backbone``): ``none`` (random init, Fig. 5's worst case), ``fedavg`` (the paper's Fig. 5
-alternative: the plain model trained with FedAvg on the federation's data for ``pretrain_rounds``
-rounds, once per seed by the pipeline's ``backbone`` stage, then frozen; offline default), or the path
-of a safetensors state dict (e.g. torchvision's ImageNet ResNet-18 weights converted with
-``safetensors.torch.save_file``; never downloaded). The head is always freshly initialised (spec §2.2).
+- v_m^0 = w^0: a client's personal adapter starts, at its first round, from the *initial* global
+  adapter (kept in the server state as ``extra["initial"]`` and sent in the payload), not from the
+  w^t it receives then; a client never selected is evaluated with v_m^0 = w^0;
+- the frozen layers' BN running statistics (the downsample BNs: not in the adapter set, so never
+  trained, uploaded or distilled) are personal too: they start at the backbone's, follow the client's
+  own data while v_m trains (train mode), and its personalized model is evaluated with them, never
+  with the server's (which the distillation re-estimates on the server data).
+
+Evaluation: client m predicts with f((u, v_m), x) (``personalized_model``): the global weights
+(frozen backbone) with the client's personal entries.
+
+Backbone: where the model starts is the pipeline's, for every algorithm
+(:class:`fedpipe.config.fl.InitConfig`, keys ``backbone`` and ``pretrain_rounds`` of
+``algorithms.perada``); PerAda's default is ``fedavg`` (the paper's Fig. 5 alternative to ImageNet
+weights: the plain model trained with FedAvg on the federation's data by the pipeline's ``backbone``
+stage, then frozen). ``none`` is Fig. 5's random init; a safetensors path gives e.g. torchvision's
+ImageNet ResNet-18 weights (never downloaded). The head is always freshly initialised (spec §2.2).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -48,7 +61,14 @@ from fedpipe.algorithms.feddf import DistillConfig, distill_round, global_rng_fr
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
-from fedpipe.fl.state import ClientUpdate, Payload, ServerState, trainable, weighted_average
+from fedpipe.fl.state import (
+    ClientUpdate,
+    Payload,
+    ServerState,
+    Weights,
+    trainable,
+    weighted_average,
+)
 from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy
 from fedpipe.models.adapters import (
     ADAPTER_DROPOUT,
@@ -71,11 +91,6 @@ class PerAdaConfig(DistillConfig):
     """Dropout inside each adapter (code default 0.3; spec §2.2)."""
     adapter_init_std: float = ADAPTER_INIT_STD
     """Std of the adapters' 1x1 conv init, N(0, std^2) (code: 1e-4; near identity)."""
-    backbone: str = "fedavg"
-    """Frozen backbone: ``none`` | ``fedavg`` (pretrained by FedAvg on the federation's data first;
-    the paper's Fig. 5 alternative, the offline default) | path of a safetensors state dict."""
-    pretrain_rounds: int | None = None
-    """FedAvg rounds of the ``fedavg`` backbone (the paper does not say; null = ``fl.rounds``)."""
 
     def validate(self, p: str) -> None:
         super().validate(p)
@@ -84,10 +99,6 @@ class PerAdaConfig(DistillConfig):
               "a number in [0, 1)")
         check(self.adapter_init_std >= 0, f"{p}.adapter_init_std", self.adapter_init_std,
               "a number >= 0")
-        check(self.backbone in ("none", "fedavg") or self.backbone.endswith(".safetensors"),
-              f"{p}.backbone", self.backbone, "none, fedavg or the path of a .safetensors file")
-        check(self.pretrain_rounds is None or self.pretrain_rounds >= 1, f"{p}.pretrain_rounds",
-              self.pretrain_rounds, "null or an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class PerAdaNoKDConfig(PerAdaConfig):
 class PerAda(Strategy):
     name = "perada"
     config_class = PerAdaConfig
+    default_backbone = "fedavg"  # frozen: a random one is Fig. 5's worst case
 
     # -- declarations ---------------------------------------------------------------------------
     @classmethod
@@ -113,16 +125,40 @@ class PerAda(Strategy):
         return cfg.server_data if cfg.kd and cfg.kd_steps > 0 else "none"
 
     def personal_keys(self, model: nn.Module) -> set[str]:
-        """The adapter set (adapters, bn1/bn2 BNs, head): v_m per client."""
-        return adapter_keys(model)
+        """v_m per client: the adapter set (adapters, bn1/bn2 BNs, head) and the running statistics
+        of the frozen layers' BNs (the downsample BNs), each client's own as in the official code."""
+        adapter = adapter_keys(model)
+        return adapter | {k for k, _ in model.named_buffers() if k not in adapter}
+
+    @cached_property
+    def adapter(self) -> frozenset[str]:
+        """The adapter set: what theta_m and w hold (trained, uploaded, averaged, distilled)."""
+        return frozenset(adapter_keys(self.scratch_model_instance()))
+
+    def init_server(self, model: nn.Module) -> ServerState:
+        """w^0, and the personal entries of the initial model (v_m^0 = w^0 for every client)."""
+        state = super().init_server(model)
+        initial = {k: v for k, v in state.weights.items() if k in self.personal}
+        return ServerState(state.weights, {**state.extra, "initial": initial}, state.meta)
+
+    def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
+        """w^t, and v_m^0 for a client's first round."""
+        return Payload(round_, state.weights, {"initial": state.extra["initial"]}, client_id)
+
+    @staticmethod
+    def own_entries(extra: dict[str, Weights], client_state: ClientState) -> Weights:
+        """v_m: the client's personal entries, or v_m^0 = w^0 (``extra["initial"]``, from the
+        payload or the server state) before its first round."""
+        return client_state.get("personal") or extra["initial"]
 
     # -- client ---------------------------------------------------------------------------------
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
         lam = self.cfg.lam
-        # Personal Obj: v_m from its last value (w^t at the client's first round), proximal to w^t
-        model = self.scratch_model(self.local_weights(payload.weights, client_state))
+        # Personal Obj: v_m from its last value (w^0 at the client's first round), proximal to w^t
+        own = self.own_entries(payload.extra, client_state)
+        model = self.scratch_model({**payload.weights, **own})
         params = trainable(model)
         w_t = {n: payload.weights[n] for n in params}  # the proximal centre (not trained)
 
@@ -134,11 +170,11 @@ class PerAda(Strategy):
             mp = local_train(model, data, self.task, self.local, payload.round, gen,
                              loss_fn=personal_objective)
         _, v_m = self.split_personal(self.scratch_weights())
-        # Global Obj: theta_m from w^t, plain task loss
+        # Global Obj: theta_m from w^t, plain task loss; the adapter set is uploaded
         model = self.scratch_model(payload.weights)
         with global_rng_from(gen):
             ml = local_train(model, data, self.task, self.local, payload.round, gen)
-        _, theta_m = self.split_personal(self.scratch_weights())
+        theta_m = {k: v for k, v in self.scratch_weights().items() if k in self.adapter}
         metrics = {"loss": ml["loss"], "steps": ml["steps"] + mp["steps"],
                    "personal_loss": mp["loss"]}
         return (ClientUpdate(client_id, len(data), theta_m, metrics=metrics),
@@ -155,6 +191,13 @@ class PerAda(Strategy):
     def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
         """R steps of ensemble distillation of w from the round's local adapters."""
         return distill_round(self, state, rnd) if self.cfg.kd else state
+
+    # -- personalization ------------------------------------------------------------------------
+    def personalized_model(self, state: ServerState, client_state: ClientState, data: ClientData,
+                           gen: torch.Generator, client_id: int = 0) -> Weights:
+        """f((u, v_m), .): the global weights (the frozen backbone u) with the client's own entries
+        (v_m^0 = w^0 for a client never selected)."""
+        return {**state.weights, **self.own_entries(state.extra, client_state)}
 
 
 class PerAdaNoKD(PerAda):

@@ -149,6 +149,37 @@ def model_config(data: dict[str, Any] | None, prefix: str = "model") -> ModelCon
 SERVER_DATA_FROM = ("partition", "generate")
 
 
+INIT_KEYS = ("backbone", "pretrain_rounds")
+"""The keys of an ``algorithms.<name>`` section that say where the method's model starts
+(:class:`InitConfig`); the rest of the section is the algorithm's own config."""
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """Where a classification method's model starts, for every algorithm (keys ``backbone`` and
+    ``pretrain_rounds`` of its ``algorithms.<name>`` section; read by the federate stage, not by the
+    algorithm). PerAda's paper starts every method from the same ImageNet ResNet-18 (Sec. 7,
+    "Baselines"): a study compares methods fairly by giving each the same ``backbone``.
+
+    ``backbone``: ``none`` (the model-init stream's random weights), ``fedavg`` (the ``backbone``
+    stage's output for the replicate: the plain model trained by FedAvg on the federation's data for
+    ``pretrain_rounds`` rounds, null = ``fl.rounds``; the paper's Fig. 5 alternative to ImageNet
+    weights), or the path of a safetensors state dict (never downloaded). Every entry but the head
+    (and PerAda's adapters, which a backbone has none of) is copied from it
+    (:func:`fedpipe.models.adapters.load_backbone`); the head keeps its random initialisation. The
+    algorithms of a study with ``backbone: fedavg`` share the one backbone per replicate, so they
+    must agree on ``pretrain_rounds``."""
+
+    backbone: str = "none"
+    pretrain_rounds: int | None = None
+
+    def validate(self, p: str) -> None:
+        check(self.backbone in ("none", "fedavg") or self.backbone.endswith(".safetensors"),
+              f"{p}.backbone", self.backbone, "none, fedavg or the path of a .safetensors file")
+        check(self.pretrain_rounds is None or self.pretrain_rounds >= 1, f"{p}.pretrain_rounds",
+              self.pretrain_rounds, "null or an integer >= 1")
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     """The algorithms compared by the pipeline: ``algorithms`` on the classification track (one

@@ -135,6 +135,10 @@ class Strategy:
     its client step through :meth:`batched_plan` and :meth:`batched_finish` (see
     :mod:`fedpipe.fl.batched`). Off by default: a method declares it on the class whose
     ``client_update`` it vouches for; others run serially, with one log line."""
+    default_backbone: str = "none"
+    """Where the method's model starts unless its params say (``algorithms.<name>.backbone``, read
+    by the pipeline for every method: :class:`fedpipe.config.fl.InitConfig`). PerAda, whose backbone
+    is frozen: ``fedavg``."""
     client_groups: tuple[int, ...] | None = None
     """The planted group of each client (the ``label_blocks`` partition's ``groups``), set by the
     pipeline when the partition has them: oracle groups (GIFAIR-FL) and clustering metrics

@@ -1,8 +1,10 @@
-"""The backbone stage: PerAda's offline backbone (the paper's Fig. 5 alternative to ImageNet weights), the
+"""The backbone stage: the offline backbone (PerAda's Fig. 5 alternative to ImageNet weights), the
 plain model trained by FedAvg on the federation's own clients, once per replicate (its seed, on its
-partition), for every algorithm of the study with ``backbone: fedavg`` (``perada`` and ``perada_nokd`` share
-it); the federate stages load it from ``data/backbone/seed_<seed>/model.safetensors``
-(:func:`fedpipe.pipeline.federate.backbone_of`), and DVC caches it.
+partition), for every algorithm of the study with ``backbone: fedavg`` (any algorithm may start from it:
+:class:`fedpipe.config.fl.InitConfig`; in the PerAda studies every method does, as the paper starts
+every method from the same ImageNet ResNet-18); the federate stages load it from
+``data/backbone/seed_<seed>/model.safetensors`` (:func:`fedpipe.pipeline.federate.backbone_of`), and
+DVC caches it. The file names no user: it is a function of the stage's params and partition alone.
 
 Its settings are defined once: ``model``, ``fl``, ``dataset`` and the training seed as every federate
 stage reads them, and ``pretrain_rounds`` (null = ``fl.rounds``) of the algorithms that use it, which
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpipe.config import ConfigError
+from fedpipe.config.fl import InitConfig
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import RunResult, Strategy, run_federated
 from fedpipe.fl.state import Weights
@@ -63,7 +66,7 @@ def backbone_config(params: dict[str, Any], run_seed: int | str) -> BackboneConf
     cfg = train_config(params, users[0], run_seed)
     read = {k: v for k, v in cfg.params_read.items() if not k.startswith("algorithms.")}
     rounds = pretrain_rounds or cfg.fl.rounds
-    plain = replace(cfg, algorithm="fedavg", algo_cfg=None,
+    plain = replace(cfg, algorithm="fedavg", algo_cfg=None, init=InitConfig(),
                     params_read={**read, "backbone.pretrain_rounds": pretrain_rounds})
     return BackboneConfig(plain, rounds, tuple(users))
 
@@ -102,8 +105,7 @@ def build_backbone(bcfg: BackboneConfig, out_root: str | Path = BACKBONE_DIR,
                                         checkpoint_dir(out_root, f"seed_{cfg.seed}"), progress)
     save_tensors(path, {k: v.detach().cpu() for k, v in sorted(weights.items())},
                  {"fedpipe.backbone": json.dumps({"model": cfg.model.name, "rounds": bcfg.rounds,
-                                                  "seed": cfg.seed, "users": list(bcfg.users)},
-                                                 sort_keys=True)})
+                                                  "seed": cfg.seed}, sort_keys=True)})
     metrics = {"rounds": result.rounds_done, "final_train_loss": result.history[-1]["train_loss"],
                "tensors": len(weights), "numel": int(sum(v.numel() for v in weights.values()))}
     write_json(path.parent / "metrics.json", metrics)

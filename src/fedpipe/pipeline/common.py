@@ -9,12 +9,18 @@ from typing import Any
 
 import torch
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithm_sections, check_algorithms
+from fedpipe.algorithms import (
+    ALGORITHMS,
+    algorithm_config,
+    check_algorithm_sections,
+    check_algorithms,
+    init_config,
+)
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.dataset import check_server_data_source
 from fedpipe.config.device import DeviceConfig, device_config, device_params
-from fedpipe.config.fl import FLConfig, ModelConfig, StudyConfig, fl_config, model_config
+from fedpipe.config.fl import FLConfig, InitConfig, ModelConfig, StudyConfig, fl_config, model_config
 from fedpipe.config.models import (
     _build_problem,
     check_model,  # noqa: F401  (re-exported)
@@ -52,6 +58,8 @@ class TrainConfig:
     params_read: dict
     device: DeviceConfig = DeviceConfig()
     """Where the run computes (top-level ``device`` and ``accel``)."""
+    init: InitConfig = InitConfig()
+    """Where the model starts (``algorithms.<algorithm>.backbone``, ``pretrain_rounds``)."""
 
 
 parse_run_seed = replicate_seed  # a stage's seed argument (one of ``study.seeds``)
@@ -71,13 +79,14 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     algos = check_algorithm_sections(params.get("algorithms"))
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
     check_method_setting(algorithm, algo_cfg, model, ds, fl)
+    init = init_config(algorithm, algos.get(algorithm))
     run = seed if run_seed is None else parse_run_seed(run_seed)
     read = {"seed": seed, "run_seed": run, "dataset": params.get("dataset"),
             "model": params.get("model"), "fl": params.get("fl"),
             f"algorithms.{algorithm}": algos.get(algorithm) or {}}
     device = device_config(params)
     read |= device_params(params, device)
-    return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read, device)
+    return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read, device, init)
 
 
 def check_method_setting(algorithm: str, algo_cfg: Any, model: ModelConfig, ds: DatasetConfig,

@@ -210,10 +210,10 @@ def participant_disagreement(history: list[dict[str, float]], client_history: li
 
 def backbone_of(cfg: TrainConfig, backbone_dir: str | Path = BACKBONE_DIR
                 ) -> tuple[Weights | None, dict[str, str]]:
-    """The frozen backbone an algorithm asks for (its config's ``backbone``: ``none``, ``fedavg``, the
-    ``backbone`` stage's output for this seed, or a safetensors path) and the input files it read
-    (for lineage)."""
-    backbone = getattr(cfg.algo_cfg, "backbone", "none")
+    """The backbone an algorithm starts from (``cfg.init.backbone``, any algorithm: ``none``,
+    ``fedavg``, the ``backbone`` stage's output for this seed, or a safetensors path) and the input
+    files it read (for lineage)."""
+    backbone = cfg.init.backbone
     if backbone == "none":
         return None, {}
     if backbone == "fedavg":
@@ -234,6 +234,18 @@ def backbone_of(cfg: TrainConfig, backbone_dir: str | Path = BACKBONE_DIR
     return load_tensors(backbone, None, verify=False), {backbone: md5_file(backbone)}
 
 
+def initial_model(cfg: TrainConfig, ds, backbone_dir: str | Path = BACKBONE_DIR
+                  ) -> tuple[torch.nn.Module, dict[str, str]]:
+    """The model ``cfg.algorithm`` starts from, on ``cfg.device``: the model-init stream's weights
+    (:func:`~fedpipe.pipeline.common.make_model`), then its backbone's entries if it has one
+    (:func:`backbone_of`: every algorithm, by ``algorithms.<name>.backbone``), and the files read."""
+    model = make_model(cfg, ds).to(cfg.device.torch)
+    backbone, read = backbone_of(cfg, backbone_dir)
+    if backbone is not None:
+        load_backbone(model, backbone)
+    return model, read
+
+
 def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
              partition_path: str | Path | None = None, stop_after: int | None = None,
              on_round: Callable[[dict[str, float]], None] | None = None,
@@ -244,7 +256,8 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`) if present. By default it reads the
     replicate's partition (``data/partition/seed_<seed>``); a method that declares server data gets
     it from ``server_data_dir`` (default ``data/server_data/seed_<seed>``, the ``server_data@<seed>``
-    stage); one with ``backbone: fedavg`` its backbone from ``backbone_dir`` (``backbone@<seed>``)."""
+    stage); one with ``backbone: fedavg`` (any algorithm: :func:`initial_model`) its backbone from
+    ``backbone_dir`` (``backbone@<seed>``)."""
     out = run_dir(out_root, cfg.algorithm, cfg.seed)
     partition_path = partition_path or partition_file(cfg.seed)
     server_data_dir = server_data_dir or replicate_dir(SERVER_DATA_DIR, cfg.seed)
@@ -261,17 +274,13 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     device = cfg.device.torch  # everything below lives there (on the CPU: as it always did)
     clients = [c.to(device) for c in clients_of(ds, part)]
     task = ClassificationTask(cfg.device.accel.bf16_autocast, cfg.device.accel.compile)
-    model = make_model(cfg, ds).to(device)
+    model, read = initial_model(cfg, ds, backbone_dir)
     strategy = ALGORITHMS[cfg.algorithm](
         task, lambda: make_model(cfg, ds).to(device), cfg.fl.local, cfg.algo_cfg,
         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
     if "groups" in part.meta:  # the planted groups (label_blocks): oracle groups, clustering NMI
         strategy.client_groups = tuple(int(g) for g in part.meta["groups"])
-    inputs = {str(partition_path): md5_file(partition_path)}
-    backbone, read = backbone_of(cfg, backbone_dir)
-    if backbone is not None:
-        load_backbone(model, backbone)
-        inputs |= read
+    inputs = {str(partition_path): md5_file(partition_path)} | read
     server_data = None
     kind = strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":

@@ -59,13 +59,13 @@ def uses_diffusion(params: dict[str, Any]) -> bool:
 def input_files(params: dict[str, Any], root: str | Path = ".") -> dict[str, dict[str, Any]]:
     """{algorithm: {field: {"path", "md5"}}} of the files that each classification algorithm of the
     study names in its config (paths relative to ``root``, the repo root for a stage)."""
-    from fedpipe.algorithms import algorithm_config
+    from fedpipe.algorithms import init_config
 
     study = build(StudyConfig, params.get("study"), "study")
     sections = params.get("algorithms") or {}
     out: dict[str, dict[str, Any]] = {}
     for name in study.algorithms:
-        cfg = algorithm_config(name, sections.get(name), "study.algorithms")
+        cfg = init_config(name, sections.get(name), "study.algorithms")
         out[name] = {}
         for key in FILE_FIELDS:
             path = getattr(cfg, key, None)
@@ -82,15 +82,16 @@ def backbone_users(params: dict[str, Any]) -> tuple[list[str], int | None]:
     """The classification algorithms of the study whose backbone is ``fedavg`` (pretrained by the
     ``backbone`` stage) and their common ``pretrain_rounds`` (null = ``fl.rounds``); two users with
     different values are a ConfigError (one backbone per seed serves them all)."""
-    from fedpipe.algorithms import algorithm_config
+    from fedpipe.algorithms import algorithm_config, init_config
 
     study = build(StudyConfig, params.get("study"), "study")
     sections = params.get("algorithms") or {}
     users: list[str] = []
     rounds: int | None = None
     for name in study.algorithms:
-        cfg = algorithm_config(name, sections.get(name), "study.algorithms")
-        if getattr(cfg, "backbone", None) != "fedavg":
+        algorithm_config(name, sections.get(name), "study.algorithms")  # the whole section valid
+        cfg = init_config(name, sections.get(name), "study.algorithms")
+        if cfg.backbone != "fedavg":
             continue
         if users and cfg.pretrain_rounds != rounds:
             raise ConfigError(f"algorithms.{name}.pretrain_rounds", cfg.pretrain_rounds,
