@@ -20,8 +20,10 @@ runs do not take.
 The same runs are hashed (sha256 of every tensor of the final server state, the client states, and
 the stages' outputs) and compared with tests/fixtures/device_digests.json, recorded from the code
 before the device fixes: the fixes change where tensors live, never what a CPU run computes. One
-digest was recorded again since, after a change meant to alter the numbers: CReFF's, when its
-feature-matching distance was aligned with the official code (docs/papers/fednh.md).
+digest was recorded again since, after changes meant to alter the numbers: CReFF's, when its
+feature-matching distance was aligned with the official code (docs/papers/fednh.md); PerAda's and
+PerAda w/o KD's, when a client's personal adapter started from w^0 and each client kept its own
+frozen-BN statistics, as the official code does (docs/papers/perada.md).
 """
 
 from __future__ import annotations
