@@ -370,7 +370,7 @@ def test_report_section_prints_tables_1_2_4_and_7_beside_ours():
         fc.report_section(StudyConfig(name="fedptr_cifar100", algorithms=["fedptr_fixed"]), fixed))
 
 
-@pytest.mark.parametrize("name", ["fedptr_s", "fedptr"])
+@pytest.mark.parametrize("name", ["fedptr_s", "fedptr", "fedptr_noproj", "fedptr_fixed"])
 def test_deterministic_and_resumable(name, tmp_path):
     def federate(**kw):
         return run_federated(strategy(name), conv_model(), clients(), FL, seed=3, progress=False,

@@ -302,7 +302,10 @@ class FedPTRS(Strategy):
 
     # -- hooks ----------------------------------------------------------------------------------
     def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
-        extra = {"proj": state.extra["proj"]} if "proj" in state.extra else {}
+        if self.cfg.target == "current":  # the control: w~ = w^t itself, in rounds t > m
+            extra = {"proj": self.params_from(state.weights)} if round_ > self.cfg.window else {}
+        else:
+            extra = {"proj": state.extra["proj"]} if "proj" in state.extra else {}
         return Payload(round=round_, weights=state.weights, extra=extra, client_id=client_id)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
@@ -317,9 +320,7 @@ class FedPTRS(Strategy):
         hist = [clone(state.weights)] + self.history(state)
         extra = self.with_history(state, hist)
         meta = dict(state.meta)
-        if t > m and len(hist) > m and self.cfg.target == "current":  # the control: w~ = w^t
-            extra["proj"] = self.params_from(hist[0])
-        elif t > m and len(hist) > m:
+        if t > m and len(hist) > m and self.cfg.target == "projected":
             model = self.scratch_model_instance()
             if "syn" in extra:
                 syn = SyntheticSet.from_group(extra["syn"])
