@@ -55,6 +55,7 @@ SMALL = {
     "fedptr": {"ipc": 1, "mtt_iterations": 2, "syn_steps": 2, "proj_steps": 2},
     "fedptr_s": {"ipc": 1, "mtt_iterations": 2, "syn_steps": 2, "proj_steps": 2},
     "fedptr_s_once": {"ipc": 1, "mtt_iterations": 2, "syn_steps": 2, "proj_steps": 2},
+    "fedptr_fixed": {"ipc": 1, "mtt_iterations": 2, "syn_steps": 2, "proj_steps": 2},
     "feddf": {"kd_steps": 2, "kd_batch_size": 8},
     "perada": {"kd_steps": 2, "kd_batch_size": 8},
     "fedbabu": {"ft_epochs": 1},

@@ -17,7 +17,7 @@ from fakes import assert_identical
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
-from fedpipe.algorithms.fedptr import layer_groups, ptr_penalty
+from fedpipe.algorithms.fedptr import FedPTR, FedPTRS, layer_groups, ptr_penalty
 from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
 from fedpipe.data import ClientData
@@ -30,10 +30,12 @@ from fedpipe.fl.mtt import (
     mtt_grad,
     mtt_loss,
     mtt_update,
+    on_normalised_inputs,
     project,
     unroll,
 )
 from fedpipe.models import build_model
+from fedpipe.models.classifiers import Normalize
 from fedpipe.tasks import ClassificationTask
 
 DT = torch.float64
@@ -179,6 +181,12 @@ def clients() -> list[ClientData]:
         y = torch.tensor([k] * 6 + [(k + 1) % 3] * 4)
         out.append(ClientData(torch.rand(len(y), *SHAPE, generator=g), y))
     return out
+
+
+def norm_model() -> nn.Module:
+    """conv_model's network and weights, normalising its inputs inside: (x - 0.3) / 0.4."""
+    torch.manual_seed(0)
+    return build_model("convnet", SHAPE, 3, width=4, depth=1, mean=(0.3,), std=(0.4,))
 
 
 SMALL = {"ipc": 2, "mtt_iterations": 2, "syn_steps": 2, "lr_img": 10.0}
@@ -331,7 +339,7 @@ def test_cost_benchmark_clock_counts_mtt_and_projection(monkeypatch):
     assert clock.seconds["mtt"] > 0 and module.mtt_update is original
 
 
-def test_report_section_prints_tables_1_2_and_7_beside_ours():
+def test_report_section_prints_tables_1_2_4_and_7_beside_ours():
     from fedpipe.claims import fedptr as fc
     from fedpipe.config.fl import StudyConfig
 
@@ -342,21 +350,27 @@ def test_report_section_prints_tables_1_2_and_7_beside_ours():
     c100 = "\n".join(fc.report_section(StudyConfig(name="fedptr_cifar100",
                                                    algorithms=["fedavg", "fedptr"]), metrics))
     # ours, then Table 1's six columns (100/50/30%, Dir(0.01) | Dir(0.04)), then Table 2's two
-    assert ("| fedavg | 50.00 ± 1.00 | 37.32 | 39.65 | 37.07 | 38.22 | 29.68 | 32.95 | 32.68 | 38.35 |"
-            in c100)
+    assert ("| fedavg | 50.00 ± 1.00 | 37.32 | 39.65 | 37.07 | 38.22 | 29.68 | 32.95 | 32.68 | 38.35 "
+            "| — | — |" in c100)
     assert "T7" not in c100 and "not in the paper" not in c100
     fm = "\n".join(fc.report_section(StudyConfig(name="fedptr_fmnist", algorithms=["fedptr_s"]),
                                      {"fedptr_s": {"test_accuracy_last5": 0.8}}))
-    assert "| fedptr_s | 80.00 | 85.48 | 85.90 | 81.71 | 83.05 | 76.78 | 79.48 | — | 84.68 |" in fm
+    assert "| fedptr_s | 80.00 | 85.48 | 85.90 | 81.71 | 83.05 | 76.78 | 79.48 | — | 84.68 |\n" in fm
     smoke = "\n".join(fc.report_section(StudyConfig(name="fedptr_smoke",
                                                     algorithms=["fedavg", "fedptr_s_once"]), metrics))
     assert "not in the paper" in smoke  # digits: CIFAR10's columns, the claims' reference
-    assert ("| fedavg | 50.00 ± 1.00 | 55.43 | 65.44 | 49.90 | 56.84 | 41.82 | 48.50 | — | 58.00 | — |"
-            in smoke)
-    assert "| fedptr_s_once | 60.00 ± 2.00 | " + "— | " * 8 + "65.34 |" in smoke
+    assert ("| fedavg | 50.00 ± 1.00 | 55.43 | 65.44 | 49.90 | 56.84 | 41.82 | 48.50 | — | 58.00 | — | — "
+            "| — |" in smoke)
+    # Table 4 (CIFAR10 / CIFAR100 only): FedPTR with the layer-adaptive and with a fixed lambda
+    assert "| fedptr_s_once | 60.00 ± 2.00 | " + "— | " * 10 + "65.34 |" in smoke
+    fixed = {"fedptr_fixed": {"test_accuracy_last5": 0.7}}
+    assert "| fedptr_fixed | 70.00 | " + "— | " * 8 + "62.10 | 67.68 | — |" in "\n".join(
+        fc.report_section(StudyConfig(name="fedptr_smoke", algorithms=["fedptr_fixed"]), fixed))
+    assert "| fedptr_fixed | 70.00 | " + "— | " * 8 + "41.26 | 42.41 |" in "\n".join(
+        fc.report_section(StudyConfig(name="fedptr_cifar100", algorithms=["fedptr_fixed"]), fixed))
 
 
-@pytest.mark.parametrize("name", ["fedptr_s", "fedptr"])
+@pytest.mark.parametrize("name", ["fedptr_s", "fedptr", "fedptr_noproj", "fedptr_fixed"])
 def test_deterministic_and_resumable(name, tmp_path):
     def federate(**kw):
         return run_federated(strategy(name), conv_model(), clients(), FL, seed=3, progress=False,
@@ -387,7 +401,34 @@ def test_claims_follow_table_1_and_table_7():
     assert "65.34" in by[("fedptr_s_once", "fedavg")].source
     c100 = {(c.method, c.baseline): c for c in fedptr_claims.claims(study("fedptr_cifar100"))}
     assert "44.82 vs 42.02" in c100[("fedptr_s", "scaffold")].source
-    assert len(by) == 12
+    # Table 4: layer-adaptive above fixed lambda, the study's dataset (CIFAR10 for the smoke)
+    assert "69.04 vs fixed 62.10" in by[("fedptr", "fedptr_fixed")].source
+    assert "44.98 vs fixed 41.26" in c100[("fedptr", "fedptr_fixed")].source
+    fm = {(c.method, c.baseline): c for c in fedptr_claims.claims(study("fedptr_fmnist"))}
+    assert "CIFAR10: layer-adaptive 69.04" in fm[("fedptr", "fedptr_fixed")].source  # no FMNIST
+    # the control: both FedPTR variants above the same pull aimed at w^t, flagged as no table
+    for method in ("fedptr", "fedptr_s"):
+        assert "not a run of the paper" in by[(method, "fedptr_noproj")].source
+    assert len(by) == 15
+
+
+@pytest.mark.parametrize("study", ["fedptr_smoke", "fedptr_cifar10", "fedptr_cifar100",
+                                   "fedptr_fmnist"])
+def test_every_claim_has_its_arms_in_the_study(study, tmp_path):
+    """No FedPTR claim is "not evaluated": each study runs both arms of every claim."""
+    from pathlib import Path
+
+    from fedpipe.claims import fedptr as fedptr_claims
+    from fedpipe.config.compose import compose_params
+    from fedpipe.config.core import build, load_params
+    from fedpipe.config.fl import StudyConfig
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
+    cfg = build(StudyConfig, p["study"], "study")
+    needed = {a for c in fedptr_claims.claims(cfg) for a in (c.method, c.baseline)}
+    assert needed == set(fedptr_claims.METHODS) | {"fedptr_s_once", "fedptr_fixed", "fedptr_noproj"}
+    assert needed <= set(cfg.algorithms)
 
 
 @pytest.mark.parametrize("study", ["fedptr_smoke", "fedptr_cifar10", "fedptr_cifar100",
@@ -431,3 +472,142 @@ def test_other_columns_of_tables_1_2_compose(overrides, tmp_path):
     assert p["fl"]["participation"] == float(want["fl.participation"])
     assert part.partition.alpha == float(want.get("partition.alpha", 0.01))
     assert part.partition.num_clients == int(want.get("partition.num_clients", 10))
+
+
+# -- MTT on normalised images -------------------------------------------------------------------
+def test_normalised_view_shares_the_parameters_and_skips_only_the_normalisation():
+    m = norm_model()
+    view = on_normalised_inputs(m)
+    x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(view((x - 0.3) / 0.4), m(x))
+    assert not torch.allclose(view(x), m(x))
+    assert isinstance(m.normalize, Normalize) and not m.normalize.identity  # the model is untouched
+    assert all(a is b for (_, a), (_, b) in zip(view.named_parameters(), m.named_parameters(),
+                                                strict=True))
+    assert [n for n, _ in view.named_parameters()] == [n for n, _ in m.named_parameters()]
+    plain = conv_model()
+    assert on_normalised_inputs(plain) is plain  # nothing to remove
+
+
+def test_mtt_and_projection_run_on_normalised_images():
+    """FedPTR-S's MTT update and projection, on a model that normalises its inputs inside, are MTT's
+    (its network on normalised images: the same network without the layer, on the same D~), bit for
+    bit. Optimising raw pixels instead moves them 1 / std^2 = 6.25x further in normalised units."""
+    cfg = algorithm_config("fedptr_s", {**SMALL, "dsa": False, "mtt_iterations": 1})
+    s = ALGORITHMS["fedptr_s"](ClassificationTask(), norm_model, LOCAL, cfg, num_clients=3)
+    plain = conv_model()
+    assert_identical(plain.state_dict(), norm_model().state_dict())
+    w_start = {k: v.detach() for k, v in plain.named_parameters()}
+    g = torch.Generator().manual_seed(3)
+    w_end = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in w_start.items()}
+    z = torch.randn(6, *SHAPE, generator=g)
+    syn = SyntheticSet.create(z, torch.tensor([0, 0, 1, 1, 2, 2]), 0.01)
+    got, proj, _ = s.mtt_and_project(syn, w_start, w_end, True, torch.Generator().manual_seed(0))
+    ref, _ = mtt_update(plain, syn, w_start, w_end, s.mtt_settings)
+    assert torch.equal(got.x, ref.x) and torch.equal(got.beta, ref.beta)
+    assert_identical(proj, project(plain, w_end, ref.x, ref.y, cfg.proj_lr, cfg.proj_steps))
+    assert float((got.x - z).abs().max()) > 1e-3  # the images moved
+    # the same first step taken on raw pixels (the model normalising inside), in normalised units
+    raw = SyntheticSet.create(z * 0.4 + 0.3, syn.y, 0.01)
+    raw1, _ = mtt_update(norm_model(), raw, w_start, w_end, s.mtt_settings)
+    assert torch.allclose((raw1.x - raw.x) / 0.4, (got.x - z) / 0.4 ** 2, rtol=1e-3, atol=1e-6)
+
+
+def test_client_side_set_starts_from_normalised_own_images():
+    s = ALGORITHMS["fedptr"](ClassificationTask(), norm_model, LOCAL, algorithm_config("fedptr", SMALL),
+                             num_clients=3)
+    data = clients()[0]  # classes 0 and 1
+    state = s.init_server(norm_model())
+    _, cstate, _ = s.client_update(s.payload(state, 0), {}, data, torch.Generator().manual_seed(0), 0)
+    x = cstate["syn"]["x"]
+    own = {tuple(r.flatten().tolist()) for r in (data.x - 0.3) / 0.4}
+    assert all(tuple(x[i].flatten().tolist()) in own for i in range(4))  # classes 0, 1: own images
+    assert not any(tuple(x[i].flatten().tolist()) in own for i in (4, 5))  # class 2: noise
+    assert float(x[:4].min()) < -0.5  # normalised units ((0 - 0.3) / 0.4 = -0.75 at the darkest)
+
+
+# -- the ablation arm (Table 4) and the control --------------------------------------------------
+def test_fixed_arm_is_client_side_fedptr_with_a_fixed_lambda():
+    assert issubclass(ALGORITHMS["fedptr_fixed"], FedPTR)
+    assert not algorithm_config("fedptr_fixed", None).layer_adaptive
+    assert algorithm_config("fedptr", None).layer_adaptive
+    s = strategy("fedptr")
+    state = s.init_server(conv_model())
+    for r in range(2):  # a stand-in trajectory
+        state.weights = {k: v + 0.05 * (r + 1) for k, v in state.weights.items()}
+        state = s.server_update(state, RoundInfo(index=r, total=4, seed=0))
+    payload = s.payload(state, 2)  # t = 2 > m: MTT, projection, the pull
+
+    def update(name, **cfg):
+        u, _, _ = strategy(name, **cfg).client_update(payload, {}, clients()[0],
+                                                      torch.Generator().manual_seed(1), 0)
+        return u.weights
+    fixed = update("fedptr_fixed")
+    assert_identical(fixed, update("fedptr", layer_adaptive=False))
+    assert not torch.equal(fixed["head.weight"], update("fedptr")["head.weight"])
+
+
+def test_noproj_control_pulls_toward_the_current_model():
+    """fedptr_noproj: no synthetic set and no MTT; in rounds t > m the pull, layer-adaptive with a
+    constant size lambda, aims at w^t itself. Two full-batch local steps by hand: the first has
+    w = w^t (no pull), the second lambda (w_[j] - w^t_[j]) / ||w_[j] - w^t_[j]|| per layer."""
+    assert issubclass(ALGORITHMS["fedptr_noproj"], FedPTRS)
+    lam, lr = 0.3, 0.1
+    local = LocalTrainConfig(steps=2, batch_size=4, lr=lr, momentum=0.5)
+    s = ALGORITHMS["fedptr_noproj"](ClassificationTask(), two_layer, local,
+                                    algorithm_config("fedptr_noproj", {"lam": lam}), num_clients=1)
+    state = s.init_server(two_layer())
+    for r in range(2):
+        state.weights = {k: v + 0.1 * (r + 1) for k, v in state.weights.items()}
+        state = s.server_update(state, RoundInfo(index=r, total=3, seed=0))
+        assert ("proj" in s.payload(state, r + 1).extra) == (r + 1 > 1)  # rounds t > m = 1 only
+    assert "syn" not in state.extra and "mtt_updates" not in state.meta
+    payload = s.payload(state, 2)
+    w0 = state.weights
+    assert_identical(payload.extra["proj"], w0)  # the target is w^t
+    x = torch.tensor([[1.0, -1.0], [0.5, 2.0], [-1.5, 0.0], [2.0, 1.0]], dtype=DT)
+    y = torch.tensor([0, 2, 1, 2])
+    update, _, _ = s.client_update(payload, {}, ClientData(x, y), torch.Generator().manual_seed(0), 0)
+    g0 = hand_ce_grads(w0, x, y)
+    w1 = {n: w0[n] - lr * g0[n] for n in w0}
+    g1 = hand_ce_grads(w1, x, y)
+    for layer in ("0", "1"):
+        names = (f"{layer}.weight", f"{layer}.bias")
+        norm = math.sqrt(sum(float(((w1[n] - w0[n]) ** 2).sum()) for n in names))
+        for n in names:
+            buf = 0.5 * g0[n] + g1[n] + lam * (w1[n] - w0[n]) / norm
+            assert torch.allclose(update.weights[n], w1[n] - lr * buf, atol=1e-9), n
+    with pytest.raises(ConfigError):
+        algorithm_config("fedptr_noproj", {"target": "previous"})
+
+
+DATASET_SIZES = {"cifar10": (10, 5000, 1000), "cifar100": (100, 500, 100),
+                 "fashion_mnist": (10, 6000, 1000)}
+"""Classes, training and test images per class of the official splits the presets read."""
+
+
+@pytest.mark.parametrize("study", ["fedptr_cifar10", "fedptr_cifar100", "fedptr_fmnist"])
+def test_paper_presets_draw_a_partition_for_every_replicate(study, tmp_path):
+    """Dir(0.01) over 10 clients with min_size 10 and the preset's max_retries finds a draw for each
+    replicate on the dataset's class sizes (the data are not needed: only labels are drawn from)."""
+    import hashlib
+    from pathlib import Path
+
+    import numpy as np
+
+    from fedpipe.config import partition_stage_config
+    from fedpipe.config.compose import compose_params
+    from fedpipe.config.core import load_params
+    from fedpipe.data.partition import make_partition
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
+    draws = set()
+    for seed in p["study"]["seeds"]:
+        cfg = partition_stage_config(p, seed)
+        c, n_train, n_test = DATASET_SIZES[cfg.dataset.name]
+        part = make_partition(np.repeat(np.arange(c), n_train), np.repeat(np.arange(c), n_test), c,
+                              cfg.partition, cfg.seed, cfg.dataset.name)
+        assert min(len(t) for t in part.train) >= cfg.partition.min_size == 10
+        draws.add(hashlib.sha256(b"".join(t.tobytes() for t in part.train)).hexdigest())
+    assert len(draws) == len(p["study"]["seeds"])

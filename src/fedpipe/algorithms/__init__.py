@@ -29,7 +29,7 @@ from fedpipe.algorithms.fednh import FedNH
 from fedpipe.algorithms.fedper import FedPer
 from fedpipe.algorithms.fedproto import FedProto
 from fedpipe.algorithms.fedprox import FedProx
-from fedpipe.algorithms.fedptr import FedPTR, FedPTRS, FedPTRSOnce
+from fedpipe.algorithms.fedptr import FedPTR, FedPTRFixed, FedPTRNoProj, FedPTRS, FedPTRSOnce
 from fedpipe.algorithms.fedrep import FedRep
 from fedpipe.algorithms.fedrod import FedRoD
 from fedpipe.algorithms.fedsim import FedAlt, FedSim
@@ -70,6 +70,8 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "fedptr": FedPTR,
     "fedptr_s": FedPTRS,
     "fedptr_s_once": FedPTRSOnce,
+    "fedptr_fixed": FedPTRFixed,  # Table 4's fixed lambda
+    "fedptr_noproj": FedPTRNoProj,  # control: the layer-adaptive pull aimed at w^t
     # Equitable-FL (spec 002) and its baselines
     "equitable_fl": EquitableFL,
     "cluster2": Cluster2,

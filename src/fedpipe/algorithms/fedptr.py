@@ -33,6 +33,16 @@ t <= m there is no trajectory yet: lambda~ = 0, plain FedAvg (Algorithms 2-3, li
   model w~^{t+1} reaches the clients in the payload (``extra["proj"]``).
 - ``fedptr_s_once``: FedPTR-S with ``mtt_once: true`` (one MTT update, the "one-shot" row of Table 7;
   a registered alias so that one study can run both variants).
+- ``fedptr_fixed``: client-side FedPTR with ``layer_adaptive: false``, Table 4's "fixed lambda" row
+  (the paper's only ablation of the regulariser; its fixed value is not stated, ``lam`` is kept).
+- ``fedptr_noproj``: a control, not a run of the paper: ``target: current`` aims the layer-adaptive,
+  constant-magnitude pull at w^t itself (no synthetic set, no MTT, no projection), so that a win of
+  FedPTR-S over FedProx can be told apart from a win of the pull's form alone.
+
+D~ lives in the normalised input space (``(x - mean) / std``, MTT's; see :mod:`fedpipe.fl.mtt`):
+noise is N(0, 1) there, a client's real images are normalised with the model's own constants, and
+MTT, DSA and the projection run on the model without its ``normalize`` layer, so lr_img = 1000 and
+the DSA values mean what they mean in MTT.
 
 Reduced frequency (§2.8): MTT runs when the previous MTT run is at least ``mtt_every`` (F) rounds
 old, or only once (``mtt_once``); the projection and the regularisation run every round t > m.
@@ -65,6 +75,7 @@ from fedpipe.fl.mtt import (
     SyntheticSet,
     make_dsa,
     mtt_update,
+    on_normalised_inputs,
     project,
 )
 from fedpipe.fl.state import ClientUpdate, Payload, ServerState, Weights, clone, trainable
@@ -117,6 +128,10 @@ class FedPTRConfig:
     init: str = "real"
     """D~ initialisation on a client: ``real`` (own images where the client has the class, noise
     elsewhere; the paper's) or ``noise`` (Table 5's "random init"). FedPTR-S is always noise."""
+    target: str = "projected"
+    """What the pull aims at in rounds t > m: ``projected``, w~^{t+1} (the method), or ``current``,
+    w^t itself with no MTT and no projection (the control ``fedptr_noproj``: FedPTR's pull aimed where
+    FedProx's is; not a run of the paper)."""
 
     def validate(self, p: str) -> None:
         check(self.lam >= 0, f"{p}.lam", self.lam, "a number >= 0")
@@ -132,12 +147,27 @@ class FedPTRConfig:
         check(bool(fams) and all(f in DSA_FAMILIES for f in fams), f"{p}.dsa_strategy",
               self.dsa_strategy, "families joined by '_', each one of " + ", ".join(DSA_FAMILIES))
         check(self.init in ("real", "noise"), f"{p}.init", self.init, "one of noise, real")
+        check(self.target in ("projected", "current"), f"{p}.target", self.target,
+              "one of current, projected")
 
 
 @dataclass(frozen=True)
 class FedPTRSOnceConfig(FedPTRConfig):
     mtt_once: bool = True
     """The one-shot variant (Table 7's last row)."""
+
+
+@dataclass(frozen=True)
+class FedPTRFixedConfig(FedPTRConfig):
+    layer_adaptive: bool = False
+    """Table 4's "fixed lambda": (lambda / 2) ||w - w~||^2 with lambda = ``lam`` (the paper does not
+    give the fixed value; the base lambda 0.05 is kept)."""
+
+
+@dataclass(frozen=True)
+class FedPTRNoProjConfig(FedPTRConfig):
+    target: str = "current"
+    """The control: the layer-adaptive pull aimed at w^t, without MTT or projection."""
 
 
 # -- the layer-adaptive penalty (Eq. 2, spec §2.4) ------------------------------------------------
@@ -169,13 +199,15 @@ def ptr_penalty(params: dict[str, torch.Tensor], target: Weights, lam: float,
 
 def noise_images(model: nn.Module, n: int, shape: tuple[int, ...], gen: torch.Generator
                  ) -> torch.Tensor:
-    """N(0, 1) in the model's normalised input space (MTT's random init), as raw-space images."""
+    """N(0, 1) images in the normalised input space where D~ lives (MTT's random init)."""
     g = generator_on(gen, module_device(model))
-    z = torch.randn(n, *shape, generator=g, device=g.device)
+    return torch.randn(n, *shape, generator=g, device=g.device)
+
+
+def normalised(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Raw [0, 1] images in the normalised space the model sees (its ``normalize`` layer, if any)."""
     norm = getattr(model, "normalize", None)
-    if norm is not None and not getattr(norm, "identity", True):
-        z = z * norm.std.view(1, -1, 1, 1) + norm.mean.view(1, -1, 1, 1)
-    return z
+    return norm(x) if isinstance(norm, nn.Module) else x
 
 
 def balanced_labels(num_classes: int, ipc: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -198,6 +230,13 @@ class FedPTRS(Strategy):
     def augment(self):
         return make_dsa(self.cfg.dsa_strategy) if self.cfg.dsa else None
 
+    def mtt_model(self) -> nn.Module:
+        """The model on normalised inputs (MTT's space, :func:`fedpipe.fl.mtt.on_normalised_inputs`):
+        D~ is kept, trained, augmented and projected with in normalised units."""
+        if getattr(self, "_mtt_view", None) is None:
+            self._mtt_view = on_normalised_inputs(self.scratch_model_instance())
+        return self._mtt_view
+
     def param_names(self) -> list[str]:
         return list(trainable(self.scratch_model_instance()))
 
@@ -213,7 +252,7 @@ class FedPTRS(Strategy):
     def mtt_and_project(self, syn: SyntheticSet, w_start: Weights, w_end: Weights, run_mtt: bool,
                         gen: torch.Generator) -> tuple[SyntheticSet, Params, dict[str, float]]:
         """Alg. 2 lines 7-11: MTT(w^{t-m}, w^t, D~) when due, then K projection steps from w^t."""
-        model = self.scratch_model_instance()
+        model = self.mtt_model()
         metrics: dict[str, float] = {}
         if run_mtt:
             syn, metrics = mtt_update(model, syn, self.params_from(w_start), self.params_from(w_end),
@@ -263,7 +302,10 @@ class FedPTRS(Strategy):
 
     # -- hooks ----------------------------------------------------------------------------------
     def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
-        extra = {"proj": state.extra["proj"]} if "proj" in state.extra else {}
+        if self.cfg.target == "current":  # the control: w~ = w^t itself, in rounds t > m
+            extra = {"proj": self.params_from(state.weights)} if round_ > self.cfg.window else {}
+        else:
+            extra = {"proj": state.extra["proj"]} if "proj" in state.extra else {}
         return Payload(round=round_, weights=state.weights, extra=extra, client_id=client_id)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
@@ -278,7 +320,7 @@ class FedPTRS(Strategy):
         hist = [clone(state.weights)] + self.history(state)
         extra = self.with_history(state, hist)
         meta = dict(state.meta)
-        if t > m and len(hist) > m:
+        if t > m and len(hist) > m and self.cfg.target == "projected":
             model = self.scratch_model_instance()
             if "syn" in extra:
                 syn = SyntheticSet.from_group(extra["syn"])
@@ -306,6 +348,15 @@ class FedPTRSOnce(FedPTRS):
     config_class = FedPTRSOnceConfig
 
 
+class FedPTRNoProj(FedPTRS):
+    """The control (``target: current``): FedPTR's layer-adaptive, constant-magnitude pull aimed at
+    the current global model w^t, with no synthetic set, no MTT and no projection; the same
+    schedule (no pull in rounds t <= m)."""
+
+    name = "fedptr_noproj"
+    config_class = FedPTRNoProjConfig
+
+
 class FedPTR(FedPTRS):
     """FedPTR (Algorithm 2): each client keeps its own synthetic set and beta."""
 
@@ -324,7 +375,8 @@ class FedPTR(FedPTRS):
                            meta=state.meta)
 
     def init_synthetic(self, data: ClientData, gen: torch.Generator) -> SyntheticSet:
-        """§2.5: per class, ``ipc`` own images (uniform with replacement) or normalised noise."""
+        """§2.5: per class, ``ipc`` own images (uniform with replacement) or noise, all in
+        normalised units."""
         model = self.scratch_model_instance()
         n, ipc = model.num_classes, self.cfg.ipc
         x = noise_images(model, n * ipc, tuple(data.x.shape[1:]), gen).to(data.x.dtype)
@@ -334,7 +386,7 @@ class FedPTR(FedPTRS):
                 idx = (data.y == c).nonzero().flatten()
                 if len(idx):
                     pick = idx[torch.randint(len(idx), (ipc,), generator=g, device=g.device)]
-                    x[c * ipc:(c + 1) * ipc] = data.x[pick]
+                    x[c * ipc:(c + 1) * ipc] = normalised(model, data.x[pick])
         return SyntheticSet.create(x, balanced_labels(n, ipc, x.device), self.cfg.beta_init)
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
@@ -346,7 +398,9 @@ class FedPTR(FedPTRS):
         last_mtt = int(last[0]) if last is not None else None
         proj = None
         mtt_metrics: dict[str, float] = {}
-        if "start" in payload.extra:  # t > m: Alg. 2 lines 7-11
+        if "start" in payload.extra and self.cfg.target == "current":  # the control: w~ = w^t
+            proj = self.params_from(payload.weights)
+        elif "start" in payload.extra:  # t > m: Alg. 2 lines 7-11
             t = payload.round
             run = self.mtt_due(t, last_mtt)
             syn, proj, mtt_metrics = self.mtt_and_project(syn, payload.extra["start"],
@@ -359,3 +413,10 @@ class FedPTR(FedPTRS):
             new_state["mtt"] = {"last": torch.tensor([last_mtt], device="cpu")}  # a round number
         metrics = {**metrics, **{k: v for k, v in mtt_metrics.items() if k != "mtt_skipped"}}
         return update, new_state, metrics
+
+
+class FedPTRFixed(FedPTR):
+    """FedPTR with a fixed lambda (``layer_adaptive: false``): Table 4's "fixed lambda" row."""
+
+    name = "fedptr_fixed"
+    config_class = FedPTRFixedConfig
