@@ -5,9 +5,11 @@ never outlives the command that launched it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -223,7 +225,10 @@ def test_usage_line_without_a_script(env):
 
 
 def test_stop_ends_the_servers(tmp_path, env):
-    own = {**env, "TMPDIR": str(tmp_path)}
+    # a short folder of its own: a Unix socket's path has at most 107 bytes, and pytest's tmp_path
+    # under a long TMPDIR can exceed it (the launcher then runs the stage as a plain process)
+    short = Path(tempfile.mkdtemp(prefix="fp-", dir="/tmp"))
+    own = {**env, "TMPDIR": str(short)}
     assert run(write(tmp_path, "print(1)\n"), env=own).returncode == 0
     assert sockets(own)
     proc = subprocess.run([sys.executable, "-m", "fedpipe.launch", "--stop"], env=own, text=True,
@@ -233,6 +238,7 @@ def test_stop_ends_the_servers(tmp_path, env):
     while sockets(own) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not sockets(own)
+    shutil.rmtree(short, ignore_errors=True)
 
 
 def test_a_bad_idle_setting_is_one_line_and_exit_2(tmp_path, env):
