@@ -240,7 +240,13 @@ def test_personal_layers_client_and_server_against_pfllib(method, own, bn):
     layer, parameters and running statistics; LG-FedAvg: its body) and the server averages the
     shared ones by sample count."""
     fx = Fixture(method)
-    s = strategy(method, None, fx, bn=bn)
+    check_personal_round(strategy(method, None, fx, bn=bn), fx, own)
+
+
+def check_personal_round(s, fx: Fixture, own: str) -> None:
+    """One round of a method with a personal part: client i starts from its stored personal entries
+    (fixture group ``<own><i>``), keeps them to itself, and ends at the reference's shared and
+    personal entries; the server's average of the shared ones is the reference's."""
     updates = []
     for i in range(fx.num_clients):
         personal = fx.group(f"{own}{i}")
@@ -281,17 +287,7 @@ def test_partial_personalization_against_the_authors_code(method):
     """Personal head (part: output); FedSim trains both parts together for K steps, FedAlt K steps
     of the head then K of the rest; the server averages the shared part."""
     fx = Fixture(method)
-    s = strategy(method, {"part": "output"}, fx, aggregation="uniform")
-    updates = []
-    for i in range(fx.num_clients):
-        head = fx.group(f"head{i}")
-        assert set(head) == s.personal
-        up, cs, _ = run_client(s, Payload(0, fx.w0), {"personal": head}, fx.data(i), i)
-        assert_matches(up.weights | cs["personal"], fx.group(f"out.client{i}"))
-        assert moved(cs["personal"], head) > 1e-3
-        updates.append(up)
-    state = s.aggregate(ServerState(weights=fx.w0), rnd(updates))
-    assert_matches(state.weights, fx.group("out.server"))
+    check_personal_round(strategy(method, {"part": "output"}, fx, aggregation="uniform"), fx, "head")
 
 
 # -- MTT, FedPTR's trajectory matching (the MTT authors' distill.py) ---------------------------
