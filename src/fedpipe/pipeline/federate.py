@@ -275,14 +275,13 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     clients = [c.to(device) for c in clients_of(ds, part)]
     task = ClassificationTask(cfg.device.accel.bf16_autocast, cfg.device.accel.compile)
     model, read = initial_model(cfg, ds, backbone_dir)
-    strategy = ALGORITHMS[cfg.algorithm](
+    strategy = method(
         task, lambda: make_model(cfg, ds).to(device), cfg.fl.local, cfg.algo_cfg,
         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
     if "groups" in part.meta:  # the planted groups (label_blocks): oracle groups, clustering NMI
         strategy.client_groups = tuple(int(g) for g in part.meta["groups"])
     inputs = {str(partition_path): md5_file(partition_path)} | read
     server_data = None
-    kind = strategy.server_data_kind(cfg.algo_cfg)
     if kind != "none":
         server_data = load_server_data(kind, cfg.algorithm, server_data_dir, f"server_data@{cfg.seed}")
         server_data = replace(server_data, data=server_data.data.to(device))
