@@ -309,13 +309,12 @@ def _experiment(name: str, uri: str) -> str:
 
 def _params_file() -> dict[str, Any]:
     """params.yaml as read by the stages ({} when absent or unreadable: the stage says why)."""
-    import yaml
+    from fedpipe.config.core import ConfigError, load_params
 
     try:
-        data = yaml.safe_load(Path("params.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return load_params()
+    except (ConfigError, OSError):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _pipeline_parent(experiment_id: str, sha: str, exp_name: str,
