@@ -1,20 +1,14 @@
-"""Each DVC stage's deps cover all the code it runs (DESIGN.md §3).
+"""Each DVC stage re-runs when any code it runs changes (DESIGN.md §3).
 
-For every stage of dvc.yaml, find its script (``python stages/<x>.py ...`` in ``cmd``) and follow its
-imports statically with ``ast``: absolute and relative imports, imports inside functions (lazy imports
-run too), ``from pkg import name`` where ``name`` is a submodule, the ``__init__.py`` of every package on
-the way, and imports of sibling scripts in stages/ (the script's folder is ``sys.path[0]``). Only
-modules found under the search roots (stages/ and src/) are followed; third-party imports are ignored.
-Every file reached must be covered by a dep: the file itself or a folder that contains it. Otherwise an
-edit to it leaves ``dvc repro`` calling a stale result up to date.
-
-The walker is conservative: an import under ``if TYPE_CHECKING:`` or in an ``except ImportError:`` branch
-counts as run. Dynamic imports (``importlib.import_module``) are not seen; src/ has none.
+Every stage but ``plan`` depends on ``data/plan/code/<stage>.json``, which the always-run ``plan``
+stage writes with the MD5 of every file the stage's script imports (:mod:`fedpipe.pipeline.code`, a
+static ``ast`` walk of the imports). ``plan`` itself lists its code as deps, and those must cover the
+code it runs: the file itself or a folder that contains it. Otherwise an edit leaves ``dvc repro``
+calling a stale result up to date. The walker is tested here on a package made for the purpose.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+from fedpipe.io import md5_file, read_json
+from fedpipe.pipeline.code import CODE_DIR, code_closure, stage_code, write_stage_code
 
 REPO = Path(__file__).resolve().parents[1]
 DVC_YAML = REPO / "dvc.yaml"
@@ -57,83 +54,6 @@ def stage_scripts(cmd: str | Sequence[str]) -> list[str]:
                     if rest and rest[0].endswith(".py"):
                         scripts.append(rest[0])
     return scripts
-
-
-def module_file(name: str, roots: Sequence[Path]) -> Path | None:
-    """The file of module ``name`` (``a/b.py`` or ``a/b/__init__.py``) in the first root that has it."""
-    rel = Path(*name.split("."))
-    for root in roots:
-        for cand in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
-            if cand.is_file():
-                return cand
-    return None
-
-
-def module_name(path: Path, roots: Sequence[Path]) -> str:
-    """Dotted name of the module in ``path`` (relative to the root that contains it)."""
-    for root in roots:
-        if path.is_relative_to(root):
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            return ".".join(parts)
-    raise ValueError(f"{path} is under none of {roots}")
-
-
-def imported_names(path: Path, name: str) -> set[str]:
-    """Every module name that importing ``path`` (module ``name``) may import, anywhere in its body.
-
-    ``from x import y`` yields both ``x`` and ``x.y`` (``y`` may be a submodule); the caller keeps the
-    names that resolve to files.
-    """
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base_parts = package.split(".") if package else []
-                up = node.level - 1
-                if up > len(base_parts):
-                    raise ImportError(f"{path}: relative import beyond the top-level package")
-                base_parts = base_parts[:len(base_parts) - up]
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            if base:
-                out.add(base)
-            out.update(f"{base}.{a.name}" if base else a.name for a in node.names if a.name != "*")
-    return out
-
-
-def with_parents(name: str) -> list[str]:
-    """``a.b.c`` -> ``[a, a.b, a.b.c]``: importing a module runs its packages' ``__init__`` first."""
-    parts = name.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-
-
-def code_closure(script: Path, roots: Sequence[Path]) -> set[Path]:
-    """``script`` and every file under ``roots`` that running it imports, transitively.
-
-    ``script``'s folder is searched first (it is ``sys.path[0]`` when run as a script), then ``roots``.
-    """
-    script = script.resolve()
-    search = [script.parent] + [r.resolve() for r in roots]
-    seen: set[Path] = set()
-    todo: list[tuple[Path, str]] = [(script, "__main__")]
-    while todo:
-        path, name = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for imported in imported_names(path, name):
-            for mod in with_parents(imported):
-                f = module_file(mod, search)
-                if f is not None and f.resolve() not in seen:
-                    todo.append((f.resolve(), module_name(f.resolve(), search)))
-    return seen
 
 
 def covered(file: str, deps: Iterable[str]) -> bool:
@@ -180,26 +100,69 @@ def uncovered_code(body: Mapping[str, Any], repo: Path, roots: Sequence[Path]) -
 # The check on this repository's dvc.yaml
 
 STAGES = stage_bodies(yaml.safe_load(DVC_YAML.read_text()))
+CODE_STAGES = sorted(set(STAGES) - {"plan"})
 
 
-@pytest.mark.parametrize("stage", sorted(STAGES))
-def test_stage_deps_cover_its_code(stage: str) -> None:
-    body = STAGES[stage]
-    missing = uncovered_code(body, REPO, [SRC])
+def test_plan_deps_cover_its_code() -> None:
+    """``plan`` runs on every repro (``always_changed``) and lists its own code as deps."""
+    assert STAGES["plan"].get("always_changed") is True
+    missing = uncovered_code(STAGES["plan"], REPO, [SRC])
     if missing:
-        pytest.fail(f"dvc.yaml stage {stage!r} runs code that no dep covers, so `dvc repro` would call "
-                    f"a stale result up to date after an edit to it; add to its deps (a file, or a "
-                    f"folder that holds it):\n  - " + "\n  - ".join(missing), pytrace=False)
+        pytest.fail("dvc.yaml stage 'plan' runs code that no dep covers; add to its deps (a file, or "
+                    "a folder that holds it):\n  - " + "\n  - ".join(missing), pytrace=False)
+    assert str(CODE_DIR) in [str(o).split("#")[0].strip() for o in STAGES["plan"]["outs"]]
 
 
-@pytest.mark.parametrize("stage", sorted(STAGES))
-def test_stage_script_is_a_dep(stage: str) -> None:
+@pytest.mark.parametrize("stage", CODE_STAGES)
+def test_stage_depends_on_its_code_file_and_lists_no_code(stage: str) -> None:
+    """Each other stage depends on the code file of its own script (which ``plan`` writes), and on no
+    file of src/ or stages/ directly (each such dep adds its lines to the stage's dvc.lock entry)."""
     body = STAGES[stage]
     scripts = stage_scripts(body.get("cmd", ""))
-    assert scripts, f"stage {stage!r}: no `python <script>.py` in cmd {body.get('cmd')!r}"
+    assert len(scripts) == 1, f"stage {stage!r}: cmd {body.get('cmd')!r} runs {scripts}"
+    script = Path(scripts[0])
+    assert script.parent == Path("stages") and (REPO / script).is_file(), script
     deps = code_deps(body.get("deps"))
-    for s in scripts:
-        assert covered(s, deps), f"stage {stage!r}: its script {s} is not listed in its deps {deps}"
+    assert f"{CODE_DIR}/{script.stem}.json" in deps, (stage, deps)
+    direct = [d for d in deps if d.startswith(("src/", "stages/"))]
+    assert not direct, f"stage {stage!r} lists code as deps: {direct}"
+
+
+@pytest.fixture(scope="module")
+def repo_code(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, str]]]:
+    """The code files that ``plan`` writes for this repository (stages/ copied into a scratch root)."""
+    root = tmp_path_factory.mktemp("plan")
+    (root / "stages").mkdir()
+    for script in (REPO / "stages").glob("*.py"):
+        (root / "stages" / script.name).write_bytes(script.read_bytes())
+    return root, write_stage_code(root, SRC)
+
+
+def test_code_file_of_every_stage_holds_its_whole_closure(repo_code) -> None:
+    root, codes = repo_code
+    assert set(codes) == {p.stem for p in (REPO / "stages").glob("*.py")}
+    for stage, files in codes.items():
+        on_disk = read_json(root / CODE_DIR / f"{stage}.json")
+        assert on_disk == files
+        closure = code_closure(REPO / "stages" / f"{stage}.py", [SRC])
+        expect = {(f"stages/{f.name}" if f.parent == (REPO / "stages").resolve()
+                   else f.relative_to(SRC.resolve()).as_posix()): md5_file(f) for f in closure}
+        assert files == expect, stage
+        assert f"stages/{stage}.py" in files and "fedpipe/__init__.py" in files
+
+
+def test_every_stage_in_dvc_yaml_has_a_code_file(repo_code) -> None:
+    _, codes = repo_code
+    for stage in CODE_STAGES:
+        assert Path(stage_scripts(STAGES[stage]["cmd"])[0]).stem in codes, stage
+
+
+def test_src_has_no_dynamic_import() -> None:
+    """The walk sees static imports only: no module of src/ imports by name at run time."""
+    found = [p.relative_to(REPO).as_posix() for p in SRC.rglob("*.py")
+             if p.name != "launch.py"  # preloads modules for the stages it starts; runs no stage code
+             and re.search(r"\bimport_module\(|\b__import__\(", p.read_text())]
+    assert not found, f"dynamic imports, invisible to fedpipe.pipeline.code: {found}"
 
 
 def test_every_stage_is_checked() -> None:
@@ -321,3 +284,32 @@ def test_stage_bodies_and_scripts() -> None:
     assert [stage_scripts(bodies[k]["cmd"]) for k in "abcde"] == [
         ["stages/a.py"], ["stages/b.py"], ["stages/c.py"], ["stages/d.py"], []]
     assert code_deps(["x", "y/${item}", {"z": {"cache": False}}]) == ["x", "z"]
+
+
+def test_code_files_change_exactly_for_the_stages_that_import_an_edit(toy: Path) -> None:
+    """An edit to a module re-writes the code file of each stage that imports it, and only those; an
+    unchanged tree writes byte-identical files; a removed script's file goes."""
+    src = toy / "src"
+    write_stage_code(toy, src)
+    folder = toy / CODE_DIR
+    before = {p.name: p.read_bytes() for p in folder.glob("*.json")}
+    assert set(before) == {"lazy.json", "rel.json", "submod.json", "sibling.json"}
+    write_stage_code(toy, src)
+    assert {p.name: p.read_bytes() for p in folder.glob("*.json")} == before
+    (src / "pkg" / "mods" / "alpha.py").write_text("x = 2\n")
+    (toy / "stages" / "lazy.py").unlink()
+    write_stage_code(toy, src)
+    after = {p.name: p.read_bytes() for p in folder.glob("*.json")}
+    assert set(after) == {"rel.json", "submod.json", "sibling.json"}
+    assert sorted(n for n in after if after[n] != before[n]) == ["sibling.json", "submod.json"]
+    assert read_json(folder / "submod.json")["pkg/mods/alpha.py"] == md5_file(src / "pkg/mods/alpha.py")
+    assert set(read_json(folder / "sibling.json")) == {
+        "stages/sibling.py", "stages/submod.py", "pkg/__init__.py", "pkg/mods/__init__.py",
+        "pkg/mods/alpha.py"}
+
+
+def test_stage_code_names_scripts_and_package_files_relative(toy: Path) -> None:
+    assert stage_code(toy / "stages" / "rel.py", toy / "src") == {
+        f: md5_file((toy / "src" / f) if not f.startswith("stages/") else toy / f)
+        for f in ["pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/impl.py", "pkg/sub/other.py",
+                  "pkg/top.py", "stages/rel.py"]}

@@ -27,6 +27,11 @@ adds its own replicate's stages, ``warmup@<seed>`` ...; the others stay cached).
   backbone per seed, so they must agree on ``pretrain_rounds`` (a ConfigError here otherwise); the
   rest of its settings (``model``, ``fl``, ``dataset``, the seed) are the stage's own params.
 
+- ``data/plan/code/<stage>.json``, one per script of ``stages/``: the files of the project that the
+  script imports, with their MD5 (:mod:`fedpipe.pipeline.code`). Each stage depends on its own file
+  instead of listing the code as deps, which kept ``dvc.lock`` small; the ``always_changed`` plan
+  stage re-hashes the code on every run, so an edit re-runs exactly the stages that import it.
+
 A skipped stage still runs (a second or two) and writes placeholders: :mod:`fedpipe.pipeline.skip`.
 """
 
@@ -38,6 +43,7 @@ from typing import Any
 from fedpipe.config.core import ConfigError, build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, write_json
+from fedpipe.pipeline.code import write_stage_code
 from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN
 
 DDPM_TRACK_PLAN = Path("data/federate_ddpm/plan.json")
@@ -125,5 +131,6 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
         stale.unlink()
     for name, files in inputs.items():
         write_json(folder / f"{name}.json", files)
+    write_stage_code(root)
     return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
             "inputs": inputs, "backbone": users}

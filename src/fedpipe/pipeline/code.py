@@ -1,0 +1,143 @@
+"""The code each DVC stage runs, as one small file per stage script: ``data/plan/code/<stage>.json``.
+
+A stage's result must be re-computed when any code it runs changes (DESIGN.md §3). Listing that code
+as DVC deps (about twenty files and folders of ``src/`` per stage) made every stage's entry in
+``dvc.lock`` about 180 lines, and DVC re-reads and re-writes the whole lock file after every stage it
+runs: in an eight-replicate smoke of about a hundred stages, the lock file grew past 20,000 lines and
+its handling took more of the wall time than the training (docs/architecture.md, "One code file
+per stage"). Instead, the always-run ``plan`` stage walks each stage script's imports (:func:`code_closure`)
+and writes ``{file: md5}`` for every file of the project it reaches; the stage depends on that one
+file. An edit to any file a stage imports changes its json and re-runs it (and only the stages that
+import the file); an unchanged tree leaves every json byte-identical, so nothing re-runs.
+
+The walk is static (``ast``) and conservative: absolute and relative imports anywhere in a module
+(imports inside functions run too), ``from pkg import name`` where ``name`` is a submodule, the
+``__init__.py`` of every package on the way, and sibling scripts of ``stages/`` (a script's folder is
+``sys.path[0]``). An import under ``if TYPE_CHECKING:`` or in an ``except ImportError:`` branch counts
+as run. Only files under the search roots are followed (third-party imports are not). Dynamic imports
+(``importlib.import_module``) are not seen; the project has none (``tests/test_dvc_deps.py`` checks).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedpipe.io import md5_file, write_json
+
+CODE_DIR = Path("data/plan/code")
+STAGES_DIR = Path("stages")
+
+
+def package_root() -> Path:
+    """The folder that holds the ``fedpipe`` package that runs (``src/`` of the repository)."""
+    import fedpipe
+
+    return Path(fedpipe.__file__).resolve().parents[1]
+
+
+def module_file(name: str, roots: Sequence[Path]) -> Path | None:
+    """The file of module ``name`` (``a/b.py`` or ``a/b/__init__.py``) in the first root that has it."""
+    rel = Path(*name.split("."))
+    for root in roots:
+        for cand in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def module_name(path: Path, roots: Sequence[Path]) -> str:
+    """Dotted name of the module in ``path`` (relative to the root that contains it)."""
+    for root in roots:
+        if path.is_relative_to(root):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            return ".".join(parts)
+    raise ValueError(f"{path} is under none of {roots}")
+
+
+def imported_names(path: Path, name: str) -> set[str]:
+    """Every module name that importing ``path`` (module ``name``) may import, anywhere in its body.
+
+    ``from x import y`` yields both ``x`` and ``x.y`` (``y`` may be a submodule); the caller keeps the
+    names that resolve to files.
+    """
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".") if package else []
+                up = node.level - 1
+                if up > len(base_parts):
+                    raise ImportError(f"{path}: relative import beyond the top-level package")
+                base_parts = base_parts[:len(base_parts) - up]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base:
+                out.add(base)
+            out.update(f"{base}.{a.name}" if base else a.name for a in node.names if a.name != "*")
+    return out
+
+
+def with_parents(name: str) -> list[str]:
+    """``a.b.c`` -> ``[a, a.b, a.b.c]``: importing a module runs its packages' ``__init__`` first."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def code_closure(script: Path, roots: Sequence[Path]) -> set[Path]:
+    """``script`` and every file under ``roots`` that running it imports, transitively.
+
+    ``script``'s folder is searched first (it is ``sys.path[0]`` when run as a script), then ``roots``.
+    """
+    script = script.resolve()
+    search = [script.parent] + [r.resolve() for r in roots]
+    seen: set[Path] = set()
+    todo: list[tuple[Path, str]] = [(script, "__main__")]
+    while todo:
+        path, name = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for imported in imported_names(path, name):
+            for mod in with_parents(imported):
+                f = module_file(mod, search)
+                if f is not None and f.resolve() not in seen:
+                    todo.append((f.resolve(), module_name(f.resolve(), search)))
+    return seen
+
+
+def stage_code(script: Path, src: Path | None = None) -> dict[str, str]:
+    """``{file: md5}`` of the code that running ``script`` imports: the stage scripts as
+    ``stages/<name>.py``, the package's files relative to ``src`` (``fedpipe/fl/engine.py``), sorted."""
+    src = (src or package_root()).resolve()
+    stages = script.resolve().parent
+    out = {}
+    for f in code_closure(script, [src]):
+        rel = (Path(STAGES_DIR.name) / f.relative_to(stages) if f.is_relative_to(stages)
+               else f.relative_to(src))
+        out[rel.as_posix()] = md5_file(f)
+    return dict(sorted(out.items()))
+
+
+def write_stage_code(root: str | Path = ".", src: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Write ``data/plan/code/<stage>.json`` under ``root`` for every script ``stages/<stage>.py``
+    (and nothing else: a stale file goes); return them by stage."""
+    root = Path(root)
+    folder = root / CODE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    codes = {s.stem: stage_code(s, src) for s in sorted((root / STAGES_DIR).glob("*.py"))}
+    for stale in folder.glob("*.json"):
+        if stale.stem not in codes:
+            stale.unlink()
+    for stage, files in codes.items():
+        write_json(folder / f"{stage}.json", files)
+    return codes
