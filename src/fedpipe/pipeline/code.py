@@ -21,7 +21,8 @@ as run. Only files under the search roots are followed (third-party imports are 
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ def package_root() -> Path:
 
 def module_file(name: str, roots: Sequence[Path]) -> Path | None:
     """The file of module ``name`` (``a/b.py`` or ``a/b/__init__.py``) in the first root that has it."""
+    return _module_file(name, tuple(roots))
+
+
+@functools.lru_cache(maxsize=None)
+def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
     rel = Path(*name.split("."))
     for root in roots:
         for cand in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
@@ -65,10 +71,15 @@ def imported_names(path: Path, name: str) -> set[str]:
     ``from x import y`` yields both ``x`` and ``x.y`` (``y`` may be a submodule); the caller keeps the
     names that resolve to files.
     """
+    return set(_imported_names(path, name, path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=None)
+def _imported_names(path: Path, name: str, mtime_ns: int) -> frozenset[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -84,7 +95,17 @@ def imported_names(path: Path, name: str) -> set[str]:
             if base:
                 out.add(base)
             out.update(f"{base}.{a.name}" if base else a.name for a in node.names if a.name != "*")
-    return out
+    return frozenset(out)
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement in ``body`` and, recursively, in the bodies of its compound statements (an
+    import is a statement: the expressions in between need no visit)."""
+    for node in body:
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, field, ()) or ():
+                yield from _statements([child] if isinstance(child, ast.stmt) else child.body)
 
 
 def with_parents(name: str) -> list[str]:
@@ -99,20 +120,28 @@ def code_closure(script: Path, roots: Sequence[Path]) -> set[Path]:
     ``script``'s folder is searched first (it is ``sys.path[0]`` when run as a script), then ``roots``.
     """
     script = script.resolve()
-    search = [script.parent] + [r.resolve() for r in roots]
+    search = (script.parent, *(r.resolve() for r in roots))
     seen: set[Path] = set()
     todo: list[tuple[Path, str]] = [(script, "__main__")]
     while todo:
         path, name = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for imported in imported_names(path, name):
-            for mod in with_parents(imported):
-                f = module_file(mod, search)
-                if f is not None and f.resolve() not in seen:
-                    todo.append((f.resolve(), module_name(f.resolve(), search)))
+        if path not in seen:
+            seen.add(path)
+            todo.extend(c for c in _children(path, name, search) if c[0] not in seen)
     return seen
+
+
+@functools.lru_cache(maxsize=None)
+def _children(path: Path, name: str, search: tuple[Path, ...]) -> tuple[tuple[Path, str], ...]:
+    """The (file, module name) pairs that importing ``path`` (module ``name``) imports directly, the
+    packages on the way included; ``search`` holds resolved folders, so its files need no resolve."""
+    out = {}
+    for imported in imported_names(path, name):
+        for mod in with_parents(imported):
+            f = module_file(mod, search)
+            if f is not None and f not in out:
+                out[f] = module_name(f, search)
+    return tuple(out.items())
 
 
 def stage_code(script: Path, src: Path | None = None) -> dict[str, str]:
