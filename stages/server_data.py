@@ -2,9 +2,10 @@
 (`algorithms.<name>.server_data`), written for replicate <seed> of `study.seeds` from its auxiliary
 set (only when a method reads it: study.server_data_from); see fedpipe.pipeline.server_data.
 
-Reads params: study.algorithms, study.server_data_from, algorithms, dataset (the ``holdout`` kind:
-``holdout_fraction``; ``public``: ``public_dataset``); data/generate/seed_<seed>/aux.safetensors. Writes
-data/server_data/seed_<seed>/.
+Reads params: dataset (the ``holdout`` kind: ``holdout_fraction``; ``public``: ``public_dataset``);
+data/plan/server_data.json (the kinds the study's methods declare, which the plan stage derived from
+study.algorithms and algorithms); data/<study.server_data_from>/seed_<seed>/ (the generated auxiliary
+set when a method reads it). Writes data/server_data/seed_<seed>/.
 """
 
 import sys
@@ -14,27 +15,20 @@ from fedpipe.config import dataset_config, load_params
 from fedpipe.config.dataset import check_server_data_source
 from fedpipe.config.stages import replicate_seed
 from fedpipe.data import load_dataset
-from fedpipe.io import md5_file
+from fedpipe.io import md5_file, read_json_input
 from fedpipe.pipeline.diffusion import aux_file
 from fedpipe.pipeline.inputs import replicate_dir
-from fedpipe.pipeline.server_data import (
-    SERVER_DATA_DIR,
-    needed_kinds,
-    public_split,
-    write_server_data,
-)
+from fedpipe.pipeline.plan import SERVER_DATA_PLAN
+from fedpipe.pipeline.server_data import SERVER_DATA_DIR, public_split, write_server_data
 from fedpipe.tracking import stage_run
 
 
 def main() -> None:
     seed = replicate_seed(stage_argument(sys.argv, "seed"))
     params = load_params()
-    kinds = needed_kinds(params)  # validates before any data is loaded
+    kinds = read_json_input(SERVER_DATA_PLAN, "plan")  # validated by the plan stage
     check_server_data_source(kinds, dataset_config(params.get("dataset")))
-    study = params.get("study") or {}
-    read = {"study.algorithms": study.get("algorithms"),
-            "study.server_data_from": study.get("server_data_from"),
-            "algorithms": params.get("algorithms"), "dataset": params.get("dataset"), "seed": seed}
+    read = {"server_data": kinds, "dataset": params.get("dataset"), "seed": seed}
     aux = aux_file(seed)
     with stage_run(f"server_data@{seed}", read, seed) as run:
         holdout = public = None

@@ -8,7 +8,7 @@ import yaml
 
 from fedpipe.errors import SkippedStageError
 from fedpipe.io import load_tensors, save_tensors
-from fedpipe.pipeline.plan import DDPM_TRACK_PLAN, uses_diffusion, write_plan
+from fedpipe.pipeline.plan import DDPM_TRACK_PLAN, SERVER_DATA_PLAN, uses_diffusion, write_plan
 from fedpipe.pipeline.skip import DIFFUSION_PLAN, SKIPPED_FILE, skip_if_unused, stage_outputs
 
 
@@ -35,6 +35,26 @@ def test_write_plan_writes_the_decision_and_the_track(tmp_path):
     before = (tmp_path / DIFFUSION_PLAN).read_bytes()
     write_plan(params(["fedavg", "local"], []), tmp_path)
     assert (tmp_path / DIFFUSION_PLAN).read_bytes() == before
+
+
+def test_server_data_plan_holds_the_kinds_and_ignores_other_settings(tmp_path, repo_root):
+    """server_data@<seed> depends on data/plan/server_data.json, not on the algorithms section: the
+    file names each declared kind's users and stays byte-identical when another setting changes."""
+    def with_generated(p):
+        p["study"].update(server_data_from="generate", diffusion_seeds=[0, 1])
+        return p
+
+    write_plan(with_generated(params(["fedavg", "feddf"], [])), tmp_path)
+    assert json.loads((tmp_path / SERVER_DATA_PLAN).read_text()) == {"distill": ["feddf"]}
+    before = (tmp_path / SERVER_DATA_PLAN).read_bytes()
+    write_plan(with_generated(params(["fedavg", "feddf"], [], fedavg={"keep_local_model": True})),
+               tmp_path)
+    assert (tmp_path / SERVER_DATA_PLAN).read_bytes() == before
+    write_plan(params(["fedavg"], []), tmp_path)
+    assert json.loads((tmp_path / SERVER_DATA_PLAN).read_text()) == {}
+    stage = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["server_data"]
+    assert str(SERVER_DATA_PLAN) in [d.split("#")[0].strip() for d in stage["deps"]]
+    assert stage["params"] == ["dataset"]
 
 
 def test_stage_outputs_reads_every_declared_output(repo_root):

@@ -27,6 +27,10 @@ adds its own replicate's stages, ``warmup@<seed>`` ...; the others stay cached).
   backbone per seed, so they must agree on ``pretrain_rounds`` (a ConfigError here otherwise); the
   rest of its settings (``model``, ``fl``, ``dataset``, the seed) are the stage's own params.
 
+- ``data/plan/server_data.json`` = ``{kind: [algorithm, ...]}``: the server data the study's
+  classification methods declare (``fedpipe.pipeline.server_data.needed_kinds``), which is all the
+  ``server_data@<seed>`` stages read of ``study`` and ``algorithms``: they depend on this file, so an
+  edit to another setting of a method (its learning rate) does not re-run them.
 - ``data/plan/code/<stage>.json``, one per script of ``stages/``: the files of the project that the
   script imports, with their MD5 (:mod:`fedpipe.pipeline.code`). Each stage depends on its own file
   instead of listing the code as deps, which kept ``dvc.lock`` small; the ``always_changed`` plan
@@ -49,6 +53,7 @@ from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN
 DDPM_TRACK_PLAN = Path("data/federate_ddpm/plan.json")
 DIFFUSION_STAGES = ("feature_extractor", "warmup", "generate", "aux_quality")
 INPUTS_DIR = Path("data/plan/inputs")
+SERVER_DATA_PLAN = Path("data/plan/server_data.json")
 FILE_FIELDS = ("backbone",)
 """Config fields that may name an input file (``<path>.safetensors``); read as federate does
 (``fedpipe.pipeline.federate.backbone_of``)."""
@@ -131,6 +136,9 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
         stale.unlink()
     for name, files in inputs.items():
         write_json(folder / f"{name}.json", files)
+    from fedpipe.pipeline.server_data import needed_kinds
+
+    write_json(root / SERVER_DATA_PLAN, needed_kinds(params))
     write_stage_code(root)
     return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
             "inputs": inputs, "backbone": users}
