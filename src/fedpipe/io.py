@@ -136,7 +136,13 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
     if metadata and len(metadata) > 1:
         raise ValueError("save_tensors: use a single metadata key (a JSON string) for "
                          "byte-reproducible files")
-    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    clean: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in tensors.items():  # names sharing storage (a state that holds one tensor twice)
+        v = v.detach().to("cpu").contiguous()  # are written as copies: safetensors refuses aliases
+        ptr = v.untyped_storage().data_ptr() if v.numel() else -1
+        clean[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
     key, value = next(iter(metadata.items())) if metadata else (CONTENT_KEY, "{}")
     if key != SKIPPED_KEY:  # a skipped stage's placeholder holds no data
         obj = json.loads(value)

@@ -138,7 +138,7 @@ class PerAda(Strategy):
     def init_server(self, model: nn.Module) -> ServerState:
         """w^0, and the personal entries of the initial model (v_m^0 = w^0 for every client)."""
         state = super().init_server(model)
-        initial = {k: v for k, v in state.weights.items() if k in self.personal}
+        initial = {k: v.clone() for k, v in state.weights.items() if k in self.personal}  # a snapshot
         return ServerState(state.weights, {**state.extra, "initial": initial}, state.meta)
 
     def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
