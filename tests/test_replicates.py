@@ -153,13 +153,13 @@ for out in stage_outputs(name, "dvc.yaml", item):
 
 
 def pipeline_copy(dst: Path, seeds: list[int]) -> dict:
-    """The project's dvc.yaml with its code deps dropped: the real partition and plan stages, every other
+    """The project's dvc.yaml with its code deps (and code files) dropped: the real partition and plan stages, every other
     stage a stand-in that writes its declared outputs (named after the stage); params.yaml with a small
     study."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, spec in stages.items():
         spec["deps"] = [d for d in spec.get("deps", [])
-                        if not str(d).startswith(("src/", "stages/"))]
+                        if not str(d).startswith(("src/", "stages/", "data/plan/code/"))]
         if not spec["deps"]:
             del spec["deps"]
         spec["cmd"] = (f"{sys.executable} {REPO / 'stages' / name}.py" if name in ("partition", "plan")
