@@ -153,9 +153,9 @@ for out in stage_outputs(name, "dvc.yaml", item):
 
 
 def pipeline_copy(dst: Path, seeds: list[int]) -> dict:
-    """The project's dvc.yaml with its code deps (and code files) dropped: the real partition and plan stages, every other
-    stage a stand-in that writes its declared outputs (named after the stage); params.yaml with a small
-    study."""
+    """The project's dvc.yaml with its code deps (and code files) dropped: the real partition and plan
+    stages, every other stage a stand-in that writes its declared outputs (named after the stage);
+    params.yaml with a small study."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, spec in stages.items():
         spec["deps"] = [d for d in spec.get("deps", [])

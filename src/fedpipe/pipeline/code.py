@@ -44,7 +44,7 @@ def module_file(name: str, roots: Sequence[Path]) -> Path | None:
     return _module_file(name, tuple(roots))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
     rel = Path(*name.split("."))
     for root in roots:
@@ -74,7 +74,7 @@ def imported_names(path: Path, name: str) -> set[str]:
     return set(_imported_names(path, name, path.stat().st_mtime_ns))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _imported_names(path: Path, name: str, mtime_ns: int) -> frozenset[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -131,7 +131,7 @@ def code_closure(script: Path, roots: Sequence[Path]) -> set[Path]:
     return seen
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _children(path: Path, name: str, search: tuple[Path, ...]) -> tuple[tuple[Path, str], ...]:
     """The (file, module name) pairs that importing ``path`` (module ``name``) imports directly, the
     packages on the way included; ``search`` holds resolved folders, so its files need no resolve."""
