@@ -59,12 +59,14 @@ FILE_FIELDS = ("backbone",)
 (``fedpipe.pipeline.federate.backbone_of``)."""
 
 
-def uses_diffusion(params: dict[str, Any]) -> bool:
-    """Whether the study uses the diffusion side: a diffusion-track method, or generated server data."""
+def uses_diffusion(params: dict[str, Any], kinds: dict[str, list[str]] | None = None) -> bool:
+    """Whether the study uses the diffusion side: a diffusion-track method, or generated server data
+    (``kinds``: the study's ``needed_kinds``, when the caller has them already)."""
     from fedpipe.pipeline.server_data import GENERATED_KINDS, needed_kinds
 
     study = build(StudyConfig, params.get("study"), "study")
-    return bool(study.diffusion_algorithms) or bool(set(needed_kinds(params)) & set(GENERATED_KINDS))
+    kinds = needed_kinds(params) if kinds is None else kinds
+    return bool(study.diffusion_algorithms) or bool(set(kinds) & set(GENERATED_KINDS))
 
 
 def input_files(params: dict[str, Any], root: str | Path = ".") -> dict[str, dict[str, Any]]:
@@ -123,7 +125,10 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
     check_algorithms(study.algorithms, "study.algorithms")  # both tracks' names, before any stage
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")  # of theirs runs
     check_algorithm_sections(params.get("algorithms"))
-    run = uses_diffusion(params)
+    from fedpipe.pipeline.server_data import needed_kinds
+
+    kinds = needed_kinds(params)  # what server_data@<seed> writes (validated: a ConfigError here)
+    run = uses_diffusion(params, kinds)
     inputs = input_files(params, root)
     users, rounds = backbone_users(params)
     write_json(root / DIFFUSION_PLAN, {"run": run})
@@ -136,9 +141,7 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
         stale.unlink()
     for name, files in inputs.items():
         write_json(folder / f"{name}.json", files)
-    from fedpipe.pipeline.server_data import needed_kinds
-
-    write_json(root / SERVER_DATA_PLAN, needed_kinds(params))
+    write_json(root / SERVER_DATA_PLAN, kinds)
     write_stage_code(root)
     return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
             "inputs": inputs, "backbone": users}
