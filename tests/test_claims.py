@@ -286,7 +286,7 @@ def test_claim_validation():
 def study_of(**kw) -> StudyConfig:
     return build(StudyConfig, {"algorithms": ["fedavg", "fedprox", "scaffold", "feddyn"],
                                "diffusion_algorithms": ["fedavg", "fedprox", "scaffold", "mofedsam",
-                                                        "fedddpm", "fedddpm_plus"],
+                                                        "fedddpm", "fedddpm_plus", "aux_only"],
                                "seeds": [0, 1, 2], **kw}, "study")
 
 
@@ -309,8 +309,9 @@ def test_registry_fedddpm_claims_as_the_paper_states_them():
     # FedDDPM+ ~ FedDDPM within Table I's largest relative gap (2.188 vs 1.910)
     match = by[("fedddpm_plus", "fedddpm", "fid")]
     assert match.direction == "match" and match.tolerance == pytest.approx(0.1455, abs=1e-4)
-    stop = by[("fedddpm_plus", "fedavg", "stopped_at")]
-    assert stop.direction == "lower" and "160 of 400" in stop.source
+    # FedDDPM+ stops at most half-way: its stop round over the rounds, against a constant 0.5
+    stop = by[("fedddpm_plus", "half_of_rounds", "stop_fraction")]
+    assert stop.direction == "lower" and stop.reference == 0.5 and "160 of 400" in stop.source
     assert by[("fedddpm", "aux_only", "fid")].direction == "lower"
     base = {c.method: c for c in papers["classification baselines"]}
     assert set(base) == {"scaffold", "feddyn", "feddc"}
@@ -419,7 +420,8 @@ def test_presets_name_their_paper_and_paper_presets_run_three_replicates(path):
 
 DIFFUSION = {  # FID over seeds 0, 1, 2; FedDDPM+ stops at round 20 of 40
     "fedavg": (94.0, 101.6, 56.9), "fedprox": (90.2, 99.5, 60.3), "scaffold": (88.8, 95.1, 57.7),
-    "mofedsam": (92.4, 97.3, 59.9), "fedddpm": (83.4, 81.1, 58.8), "fedddpm_plus": (85.2, 80.7, 61.5)}
+    "mofedsam": (92.4, 97.3, 59.9), "fedddpm": (83.4, 81.1, 58.8), "fedddpm_plus": (85.2, 80.7, 61.5),
+    "aux_only": (100.1, 104.2, 70.3)}
 ACCURACY = {"fedavg": (0.801, 0.812, 0.795), "fedprox": (0.803, 0.810, 0.799),
             "scaffold": (0.842, 0.851, 0.838), "feddyn": (0.790, 0.835, 0.760)}
 
@@ -430,7 +432,8 @@ def write_inputs(root: Path) -> None:
             d = root / "federate_ddpm" / algo / f"seed_{seed}"
             stop = 20 if algo == "fedddpm_plus" else 40
             write_json(d / "metrics.json", {
-                "fid": fid, "stopped_at": stop, "rounds": stop, "server_steps": 0,
+                "fid": fid, "stopped_at": stop, "stop_fraction": stop / 40, "rounds": stop,
+                "server_steps": 0,
                 "train_seconds_now": 1.5, "extractor": "classifier:lenet", "fid_samples": 500,
                 "sampler": "ddpm"})
             with open(d / "history.csv", "w", newline="") as f:
@@ -473,12 +476,11 @@ def test_build_report_claims_table_and_json(tmp_path):
     # only the study's papers (fedddpm, baselines): no FedPTR, Equitable-FL, FedNH or PerAda rows
     assert "Papers: fedddpm, baselines (study.papers)" in text
     assert "FedPTR" not in claims_md and "PerAda" not in claims_md
-    # 14 claims: 12 judged (none holds), the stop round with SE = 0, aux-only training not run
-    assert "- **FedDDPM (Peng et al. 2025)**: 0 of 14 held, 0 contradicted, 13 not shown, " \
-           "1 not evaluated" in text
+    # 14 claims: 13 judged (none holds after Holm over 13), the stop round with SE = 0
+    assert "- **FedDDPM (Peng et al. 2025)**: 0 of 14 held, 0 contradicted, 14 not shown" in text
     assert "- **SCAFFOLD (Karimireddy et al. 2020)**: 1 of 1 held, 0 contradicted, 0 not shown" in text
-    # what can hold here: 12 judged FedDDPM claims over 3 replicates
-    assert f"mean(d) / SE ≥ {min_detectable_t(3, 12):.2f}" in text and f"{min_detectable_t(3):.2f}" in text
+    # what can hold here: 13 judged FedDDPM claims over 3 replicates
+    assert f"mean(d) / SE ≥ {min_detectable_t(3, 13):.2f}" in text and f"{min_detectable_t(3):.2f}" in text
 
     data = read_json(tmp_path / "report" / "claims.json")
     records = data["claims"]
@@ -490,11 +492,15 @@ def test_build_report_claims_table_and_json(tmp_path):
                               "fedavg": {"0": 94.0, "1": 101.6, "2": 56.9}}
     assert main["status"] == "not shown" and main["mean_diff"] == pytest.approx(29.2 / 3)
     assert main["se"] == pytest.approx(6.4808, abs=1e-4) and main["test"] == "paired"
-    assert main["family"] == 12 and main["p"] == pytest.approx(0.1360, abs=1e-4)
-    stop = by["fedddpm/stopped_at/fedddpm_plus-lt-fedavg"]  # 20 of 40 on every seed: SE = 0
-    assert stop["status"] == "not shown" and stop["mean_diff"] == 20 and stop["se"] == 0
+    assert main["family"] == 13 and main["p"] == pytest.approx(0.1360, abs=1e-4)
+    stop = by["fedddpm/stop_fraction/fedddpm_plus-lt-half_of_rounds"]  # 20 of 40 on every seed
+    assert stop["values"]["half_of_rounds"] == {"0": 0.5, "1": 0.5, "2": 0.5}
+    assert stop["status"] == "not shown" and stop["mean_diff"] == 0 and stop["se"] == 0
     assert stop["p"] is None and "SE = 0" in stop["reason"]
-    assert by["fedddpm/fid/fedddpm-lt-aux_only"]["status"] == "not evaluated"
+    # aux-only training (Table IV): d = 16.7, 23.1, 11.5; t = 5.09 (df 2), p = 0.018, Holm x 13
+    aux = by["fedddpm/fid/fedddpm-lt-aux_only"]
+    assert aux["status"] == "not shown" and aux["mean_diff"] == pytest.approx(17.1)
+    assert aux["p"] == pytest.approx(0.0183, abs=1e-3) and aux["p_holm"] > ALPHA
     assert by["feddc/test_accuracy/feddc-gt-fedavg"]["status"] == "not evaluated"
     scaffold = by["scaffold/test_accuracy/scaffold-gt-fedavg"]
     assert scaffold["held"] is True and scaffold["values"]["scaffold"] == {"0": 0.842, "1": 0.851,

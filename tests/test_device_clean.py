@@ -1,9 +1,9 @@
 """Every method is device-clean, proven on a CPU-only machine (docs/device.md).
 
 Each registered algorithm (``fedpipe.algorithms.ALGORITHMS``: the classification track on a tiny
-MLP, or ResNet-8 for PerAda and FedBN; the diffusion track's FedDDPM / FedDDPM+ on a tiny UNet) runs
-two rounds (three for FedPTR), and the diffusion stages (partition, warm-up, generation, the FID
-extractor, a federated round with its FID) and the batched executor run once, under
+MLP, or ResNet-8 for PerAda and FedBN; the diffusion track's FedDDPM / FedDDPM+ / aux-only on a
+tiny UNet) runs two rounds (three for FedPTR), and the diffusion stages (partition, warm-up,
+generation, the FID extractor, a federated round with its FID) and the batched executor run once, under
 :class:`device_harness.DeviceHarness`: a ``TorchFunctionMode`` that fails the run at the fedpipe
 line that makes a tensor without ``device=``, or at an op that mixes devices.
 
@@ -47,7 +47,7 @@ from fedpipe.tasks import ClassificationTask
 
 FIXTURE = Path(__file__).parent / "fixtures" / "device_digests.json"
 SHAPE, CLASSES = (1, 8, 8), 4
-DIFFUSION = ("fedddpm", "fedddpm_plus")
+DIFFUSION = ("fedddpm", "fedddpm_plus", "aux_only")
 LOCAL = LocalTrainConfig(steps=2, batch_size=8, lr=0.05)
 # small settings of the methods whose server or client steps are long at the paper's values
 SMALL = {

@@ -22,7 +22,7 @@ from fedpipe.algorithms.fedavg_ft import FedAvgFT
 from fedpipe.algorithms.fedbabu import FedBABU
 from fedpipe.algorithms.fedbn import FedBN
 from fedpipe.algorithms.feddc import FedDC
-from fedpipe.algorithms.fedddpm import FedDDPM, FedDDPMPlus
+from fedpipe.algorithms.fedddpm import AuxOnly, FedDDPM, FedDDPMPlus
 from fedpipe.algorithms.feddf import FedDF
 from fedpipe.algorithms.feddyn import FedDyn
 from fedpipe.algorithms.fednh import FedNH
@@ -54,6 +54,7 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "mofedsam": MoFedSAM,
     "fedddpm": FedDDPM,
     "fedddpm_plus": FedDDPMPlus,
+    "aux_only": AuxOnly,  # FedDDPM's Table IV: training on the auxiliary set alone
     "local": Local,
     "fedavg_ft": FedAvgFT,
     "fedper": FedPer,

@@ -21,6 +21,9 @@ the global model with an FID of 500 generated samples::
 When it returns True the server runs one correction of E epochs on A (Alg. 2 lines 7-9, with the
 client lr zeta) and training stops.
 
+``aux_only`` (:class:`AuxOnly`) is Table IV's reference row: the model trained on A alone, no client
+taking part.
+
 The calibration and the correction are :func:`fedpipe.fl.local.local_train` on A with the task's own
 loss (the DDPM epsilon-MSE for a :class:`~fedpipe.tasks.DiffusionTask`): both algorithms are task-
 agnostic. Aggregation (eq. 9) is the base :class:`~fedpipe.fl.Strategy`'s, i.e. ``fl.aggregation``:
@@ -72,6 +75,10 @@ Choices where the paper is ambiguous (spec §8):
   When the last round is a test round, QuickTest runs first; a correction never runs twice.
 - Once stopped or corrected, ``server_update`` does nothing (an engine that kept training would
   never get a second correction).
+- Scaled-down studies (docs/papers/fedddpm.md): ``server_step_ratio`` / ``correction_step_ratio``
+  keep the paper's ratio of server steps to a client's steps per round where |A| is far smaller
+  than the paper's; ``relative_threshold`` expresses QuickTest's 0.2 (Inception-FID units) as a
+  fraction of the FID level, for the LeNet-feature FID.
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -99,6 +106,11 @@ QuickFID = Callable[[nn.Module, int, torch.Generator], float]
 
 
 # -- configs -----------------------------------------------------------------------------------------
+def check_ratio(key: str, ratio: float | None) -> None:
+    if ratio is not None:
+        check(ratio > 0, key, ratio, "null or a number > 0")
+
+
 @dataclass(frozen=True)
 class FedDDPMConfig:
     server_epochs: int = 1
@@ -114,10 +126,18 @@ class FedDDPMConfig:
     server_data: str = "aux"
     """The server data the calibration trains on: ``aux``, the auxiliary set A the server sampled
     from the clients' warm-up models (the paper's only choice)."""
+    server_step_ratio: float | None = None
+    """null: E = ``server_epochs`` epochs over A (the paper's setting). A number r: the server takes
+    round(r x s) minibatch steps on A per round instead, s being the mean step count of the round's
+    clients: the paper's balance of server calibration to client work, for a study whose |A| is far
+    smaller than the paper's (:func:`ratio_steps`; docs/papers/fedddpm.md). Paper, Section VI-A:
+    MNIST 47 / 15 = 3.13 (one epoch of 6,000 images at B = 128 against K = 3 epochs of 600), CIFAR
+    395 / 40 = 9.88 (E = 5 epochs of 5,000 at B = 64 against K = 5 epochs of 500)."""
 
     def validate(self, p: str) -> None:
         one_of(f"{p}.server_data", self.server_data, ("aux",))
         check(self.server_epochs >= 1, f"{p}.server_epochs", self.server_epochs, "an integer >= 1")
+        check_ratio(f"{p}.server_step_ratio", self.server_step_ratio)
         check(self.server_lr > 0, f"{p}.server_lr", self.server_lr, "a number > 0")
         one_of(f"{p}.server_optimizer", self.server_optimizer, OPTIMIZERS)
         check(self.server_batch_size >= 1, f"{p}.server_batch_size", self.server_batch_size,
@@ -135,11 +155,21 @@ class FedDDPMPlusConfig:
     """gamma, the EMA weight in AvgScore = gamma Score + (1 - gamma) AvgScore (Alg. 3 line 11; paper 0.4)."""
     threshold: float = 0.2
     """Threshold: QuickTest fires when |AvgScore - Score| <= Threshold (Alg. 3 line 3; paper 0.2, in
-    FID units)."""
+    Inception-FID units)."""
+    relative_threshold: float | None = None
+    """null: ``threshold`` is absolute, in the units of the FID in use (the paper's rule, for the
+    Inception FID). A number f: QuickTest fires when |AvgScore - Score| <= f x AvgScore, the
+    paper's 0.2 as a fraction of the FID level it was applied at, for an FID on another scale
+    (docs/papers/fedddpm.md): 0.2 / 5.822 = 0.0344 (Table I, FedAvg, MNIST 15% Shard: the level of
+    the FedAvg-trained model that QuickTest watches)."""
     correction_epochs: int = 20
     """E of the one-shot correction on A (Alg. 2 lines 8-9): 20 for MNIST (paper), 30 for CIFAR."""
     correction_lr: float = 2e-4
     """The correction's lr: Algorithm 2 writes zeta, the client lr (2e-4), not FedDDPM's eta (spec §8.3)."""
+    correction_step_ratio: float | None = None
+    """null: ``correction_epochs`` epochs over A (the paper's). A number r: round(r x s) steps, s
+    being the mean step count of the last round's clients (as FedDDPM's ``server_step_ratio``).
+    Paper: MNIST 20 x 47 / 15 = 62.7, CIFAR 30 x 79 / 40 = 59.3."""
     server_optimizer: str = "adam"
     """As FedDDPM's (the paper writes SGD; its lrs are Adam's, spec §8.1)."""
     server_batch_size: int = 128
@@ -156,6 +186,10 @@ class FedDDPMPlusConfig:
         check(self.test_size >= 2, f"{p}.test_size", self.test_size, "an integer >= 2 (an FID needs 2)")
         check(0 < self.gamma <= 1, f"{p}.gamma", self.gamma, "a number in (0, 1]")
         check(self.threshold >= 0, f"{p}.threshold", self.threshold, "a number >= 0")
+        if self.relative_threshold is not None:
+            check(0 <= self.relative_threshold < 1, f"{p}.relative_threshold",
+                  self.relative_threshold, "null or a number in [0, 1)")
+        check_ratio(f"{p}.correction_step_ratio", self.correction_step_ratio)
         check(self.correction_epochs >= 1, f"{p}.correction_epochs", self.correction_epochs,
               "an integer >= 1")
         check(self.correction_lr > 0, f"{p}.correction_lr", self.correction_lr, "a number > 0")
@@ -174,13 +208,16 @@ class QuickTestEntry(NamedTuple):
 class QuickTest:
     """Algorithm 3 on given scores: fires when |AvgScore - Score| <= threshold, AvgScore being the EMA
     *before* Score is added (the first call only initialises it; a firing call leaves it unchanged).
+    With ``relative`` the threshold is ``threshold x AvgScore`` (the paper's absolute 0.2 as a
+    fraction of the FID level, for an FID on another scale than the paper's Inception FID).
 
     ``ema`` is AvgScore (None before the first score): pass a saved value to continue a run. ``trace``
     lists this instance's calls as (score, ema_before, fired).
     """
 
-    def __init__(self, gamma: float = 0.4, threshold: float = 0.2, ema: float | None = None):
-        self.gamma, self.threshold = float(gamma), float(threshold)
+    def __init__(self, gamma: float = 0.4, threshold: float = 0.2, ema: float | None = None,
+                 relative: bool = False):
+        self.gamma, self.threshold, self.relative = float(gamma), float(threshold), bool(relative)
         self.ema = None if ema is None else float(ema)
         self.trace: list[QuickTestEntry] = []
 
@@ -189,11 +226,15 @@ class QuickTest:
         if not math.isfinite(score):
             raise ValueError(f"QuickTest: the score must be finite, got {score}")
         before = self.ema
-        fired = before is not None and abs(before - score) <= self.threshold  # line 3
+        fired = before is not None and abs(before - score) <= self.limit(before)  # line 3
         if not fired:
             self.ema = score if before is None else self.gamma * score + (1 - self.gamma) * before
         self.trace.append(QuickTestEntry(score, before, fired))
         return fired
+
+    def limit(self, ema: float) -> float:
+        """The largest |AvgScore - Score| at which the test fires, given AvgScore ``ema``."""
+        return self.threshold * abs(ema) if self.relative else self.threshold
 
 
 # -- the server step on A -----------------------------------------------------------------------------
@@ -207,14 +248,34 @@ def aux_of(strategy: Strategy, rnd: RoundInfo) -> ClientData:
     return require_server_data(rnd, strategy.name, labelled=uses_labels(strategy.task))
 
 
+def ratio_steps(ratio: float | None, rnd: RoundInfo) -> int | None:
+    """round(``ratio`` x the mean optimizer-step count of the round's clients), at least 1; None
+    when ``ratio`` is None (then the server counts epochs). The steps are the clients' own count
+    (``metrics["steps"]``), so the ratio holds whatever the clients' sizes, batch and epochs."""
+    if ratio is None:
+        return None
+    steps = [float(u.metrics["steps"]) for u in rnd.updates if "steps" in u.metrics]
+    if not steps:
+        raise ValueError(f"round {rnd.index + 1}: a server step ratio needs the clients' step "
+                         "counts (metrics['steps'] of the round's updates); none came back")
+    return max(1, round(ratio * sum(steps) / len(steps)))
+
+
 def server_train(strategy: Strategy, weights: Weights, aux: ClientData, epochs: int, lr: float,
-                 optimizer: str, batch_size: int, rnd: RoundInfo
+                 optimizer: str, batch_size: int, rnd: RoundInfo, steps: int | None = None
                  ) -> tuple[Weights, dict[str, float]]:
-    """``epochs`` epochs of the task loss on A from ``weights`` (Alg. 1 lines 8-11, Alg. 2 lines 7-9):
-    ``local_train`` with the ``(seed, "server-update", round)`` generator. Returns fresh weights
-    (never tensors of ``weights``) and local_train's metrics; a non-finite loss is a DivergenceError."""
-    cfg = LocalTrainConfig(epochs=epochs, batch_size=batch_size, optimizer=optimizer, lr=lr,
-                           grad_clip=strategy.local.grad_clip)
+    """``epochs`` epochs (or exactly ``steps`` minibatch steps, A cycled, when given) of the task
+    loss on A from ``weights`` (Alg. 1 lines 8-11, Alg. 2 lines 7-9): ``local_train`` with the
+    ``(seed, "server-update", round)`` generator. Returns fresh weights (never tensors of
+    ``weights``) and local_train's metrics; a non-finite loss is a DivergenceError."""
+    cfg = LocalTrainConfig(epochs=epochs, steps=steps, batch_size=batch_size, optimizer=optimizer,
+                           lr=lr, grad_clip=strategy.local.grad_clip)
+    return train_on_aux(strategy, weights, aux, cfg, rnd)
+
+
+def train_on_aux(strategy: Strategy, weights: Weights, aux: ClientData, cfg: LocalTrainConfig,
+                 rnd: RoundInfo) -> tuple[Weights, dict[str, float]]:
+    """``local_train`` with ``cfg`` on A from ``weights`` (see :func:`server_train`)."""
     model = strategy.scratch_model(weights)  # copies of the weights: the input is not trained
     metrics = local_train(model, aux, strategy.task, cfg, rnd.index, rnd.generator("server-update"))
     if not math.isfinite(metrics["loss"]):
@@ -244,7 +305,8 @@ class FedDDPM(Strategy):
         aux = aux_of(self, rnd)
         c = self.cfg
         weights, metrics = server_train(self, state.weights, aux, c.server_epochs, c.server_lr,
-                                        c.server_optimizer, c.server_batch_size, rnd)
+                                        c.server_optimizer, c.server_batch_size, rnd,
+                                        ratio_steps(c.server_step_ratio, rnd))
         return ServerState(weights, state.extra, with_server_steps(state.meta, metrics))
 
 
@@ -277,7 +339,9 @@ class FedDDPMPlus(Strategy):
         c, round_ = self.cfg, rnd.index
         fired = False
         if self.is_test_round(round_):  # Alg. 2 line 10: QuickTest(w_{t+1})
-            quick = QuickTest(c.gamma, c.threshold, meta.get("quicktest_ema"))
+            relative = c.relative_threshold is not None
+            quick = QuickTest(c.gamma, c.relative_threshold if relative else c.threshold,
+                              meta.get("quicktest_ema"), relative)
             score = rnd.score(self.global_model(state), c.test_size, rnd.generator("quicktest"))
             fired = quick(score)
             entry = quick.trace[-1]
@@ -294,8 +358,46 @@ class FedDDPMPlus(Strategy):
         log.info("%s: correction on the auxiliary set after round %d (%d epochs, %s)", self.name,
                  round_ + 1, c.correction_epochs, "QuickTest fired" if fired else "last round")
         weights, metrics = server_train(self, state.weights, aux, c.correction_epochs, c.correction_lr,
-                                        c.server_optimizer, c.server_batch_size, rnd)
+                                        c.server_optimizer, c.server_batch_size, rnd,
+                                        ratio_steps(c.correction_step_ratio, rnd))
         meta = {**with_server_steps(meta, metrics), "corrected_at": round_ + 1}
         if fired:
             meta["stopped_at"] = round_ + 1
         return ServerState(weights, state.extra, meta)
+
+
+@dataclass(frozen=True)
+class AuxOnlyConfig:
+    epochs: int = 1
+    """Epochs over A per round (with ``fl.local``'s optimizer, lr, batch size and clipping)."""
+    server_data: str = "aux"
+    """The auxiliary set A, as FedDDPM's."""
+
+    def validate(self, p: str) -> None:
+        one_of(f"{p}.server_data", self.server_data, ("aux",))
+        check(self.epochs >= 1, f"{p}.epochs", self.epochs, "an integer >= 1")
+
+
+class AuxOnly(Strategy):
+    """Table IV's "training w/ aux. data": the model trained centrally on the auxiliary set A alone.
+    No client trains (the round selects none); each round the server runs ``epochs`` epochs of the
+    task loss on A with the clients' local settings (``fl.local``, lr decay included), from the
+    current model, generator ``(seed, "server-update", round)``. The round count, evaluation and
+    final FID are those of the study's other arms. ``meta["server_steps"]`` counts the steps."""
+
+    name = "aux_only"
+    config_class = AuxOnlyConfig
+
+    def init_server(self, model: nn.Module) -> ServerState:
+        return ServerState(weights=clone(model.state_dict()), meta={"server_steps": 0})
+
+    def select_clients(self, state, round_, available, per_round, rng, probe=None) -> list[int]:
+        return []  # the clients' data is never used
+
+    def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:
+        cfg = replace(self.local, epochs=self.cfg.epochs, steps=None)
+        weights, metrics = train_on_aux(self, state.weights, aux_of(self, rnd), cfg, rnd)
+        return ServerState(weights, state.extra, with_server_steps(state.meta, metrics))
+
+    def round_metrics(self, state: ServerState, rnd: RoundInfo) -> dict[str, float]:
+        return {"server_loss": float(state.meta["server_loss"])}

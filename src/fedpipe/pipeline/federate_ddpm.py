@@ -210,6 +210,8 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
              "sampler": cfg.fid.sampler, "curve_sampler": cfg.fid.curve_sampler,
              "curve_samples": cfg.fid.curve_samples, "rounds": result.rounds_done,
              "stopped_at": meta.get("stopped_at") or result.rounds_done,
+             # the stop round as a share of diffusion_fl.rounds (FedDDPM+'s early-stop claim)
+             "stop_fraction": (meta.get("stopped_at") or result.rounds_done) / cfg.fl.rounds,
              "corrected_at": meta.get("corrected_at"),  # a server correction's round (FedDDPM+)
              "server_steps": meta.get("server_steps", 0),
              "final_train_loss": result.history[-1]["train_loss"],
