@@ -132,7 +132,7 @@ def v_server_data(p):
 
 
 def v_compose(p):
-    """What composition checks: the study's names against the registry (fedpipe.config.compose)."""
+    """What composition checks: the study's names against the registry (fedpipe.pipeline.compose)."""
     from fedpipe.config import compose
 
     check = getattr(compose, "check_composed", None)
