@@ -8,7 +8,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fakes import MSETask, assert_identical
+from fakes import (
+    B0,
+    DT,
+    H0,
+    MSETask,
+    TwoLayer,
+    assert_identical,
+    grad_body,
+    grad_head,
+    regression_data,
+)
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -24,51 +34,15 @@ from fedpipe.pipeline.federate import client_evaluator
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
 
-DT = torch.float64
 LR = 0.1
 FULL_BATCH = LocalTrainConfig(steps=1, batch_size=64, lr=LR)
-
-
-class TwoLayer(nn.Module):
-    """f(x) = h^T B x: a body B (2x2) and a head h (1x2), both without bias."""
-
-    def __init__(self, body=((0.5, -0.2), (0.1, 0.3)), head=((0.4, -0.6),)):
-        super().__init__()
-        self.body = nn.Linear(2, 2, bias=False, dtype=DT)
-        self.head = nn.Linear(2, 1, bias=False, dtype=DT)
-        with torch.no_grad():
-            self.body.weight.copy_(torch.tensor(body, dtype=DT))
-            self.head.weight.copy_(torch.tensor(head, dtype=DT))
-
-    def forward(self, x):
-        return self.head(self.body(x)).squeeze(-1)
-
-
-def data(seed: int, n: int) -> ClientData:
-    g = torch.Generator().manual_seed(seed)
-    return ClientData(torch.randn(n, 2, generator=g, dtype=DT), torch.randn(n, generator=g, dtype=DT))
-
-
-CLIENTS = [data(1, 3), data(2, 5)]
-B0, H0 = TwoLayer().body.weight.detach().clone(), TwoLayer().head.weight.detach().clone()
+CLIENTS = [regression_data(1, 3), regression_data(2, 5)]
 BV, HV = torch.tensor([[0.2, 0.1], [-0.3, 0.4]], dtype=DT), torch.tensor([[-0.5, 0.2]], dtype=DT)
 
 
 def make(name, cfg=None, local=FULL_BATCH, model_fn=TwoLayer, task=None, num_clients=2):
     return ALGORITHMS[name](task or MSETask(), model_fn, local, algorithm_config(name, cfg),
                             aggregation="weighted", num_clients=num_clients)
-
-
-def residual(B, h, d):
-    return (d.x @ B.T @ h.T).squeeze(-1) - d.y
-
-
-def grad_head(B, h, d):  # d/dh mean (h^T B x - y)^2
-    return 2 / len(d) * (residual(B, h, d)[:, None] * (d.x @ B.T)).sum(0, keepdim=True)
-
-
-def grad_body(B, h, d):  # d/dB
-    return 2 / len(d) * (residual(B, h, d)[:, None, None] * h.T[None] * d.x[:, None, :]).sum(0)
 
 
 def W(B, h):
