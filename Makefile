@@ -50,4 +50,4 @@ clean-venv:
 
 # Recompose params.yaml from conf/ (as `dvc exp run` would) after editing a config group.
 params: $(STAMP)
-	$(BIN)/python -m fedpipe.config.compose
+	$(BIN)/python -m fedpipe.pipeline.compose

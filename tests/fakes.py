@@ -4,6 +4,11 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from fedpipe.data import ClientData
+
+DT = torch.float64
 
 
 class MSETask:
@@ -36,3 +41,41 @@ def with_changes(params: dict, **changes) -> dict:
             node = node[k]
         node[last] = value
     return p
+
+
+# -- f(x) = h^T B x on float64 regression data: personal-FL steps computed by hand -----------------
+class TwoLayer(nn.Module):
+    """f(x) = h^T B x: a body B (2x2) and a head h (1x2), both without bias."""
+
+    def __init__(self, body=((0.5, -0.2), (0.1, 0.3)), head=((0.4, -0.6),)):
+        super().__init__()
+        self.body = nn.Linear(2, 2, bias=False, dtype=DT)
+        self.head = nn.Linear(2, 1, bias=False, dtype=DT)
+        with torch.no_grad():
+            self.body.weight.copy_(torch.tensor(body, dtype=DT))
+            self.head.weight.copy_(torch.tensor(head, dtype=DT))
+
+    def forward(self, x):
+        return self.head(self.body(x)).squeeze(-1)
+
+
+B0, H0 = TwoLayer().body.weight.detach().clone(), TwoLayer().head.weight.detach().clone()
+"""TwoLayer's initial body and head."""
+
+
+def regression_data(seed: int, n: int) -> ClientData:
+    """``n`` samples x ~ N(0, I_2), y ~ N(0, 1) (float64) from the generator seeded ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return ClientData(torch.randn(n, 2, generator=g, dtype=DT), torch.randn(n, generator=g, dtype=DT))
+
+
+def residual(B, h, d: ClientData):
+    return (d.x @ B.T @ h.T).squeeze(-1) - d.y
+
+
+def grad_head(B, h, d):  # d/dh mean (h^T B x - y)^2 = 2/n sum r (B x)^T
+    return 2 / len(d) * (residual(B, h, d)[:, None] * (d.x @ B.T)).sum(0, keepdim=True)
+
+
+def grad_body(B, h, d):  # d/dB = 2/n sum r h^T x^T
+    return 2 / len(d) * (residual(B, h, d)[:, None, None] * h.T[None] * d.x[:, None, :]).sum(0)

@@ -27,7 +27,7 @@ from fedpipe.fl.batched import (
     _StackedOptimizer,
     supports_batching,
 )
-from fedpipe.fl.engine import SerialExecutor
+from fedpipe.fl.executors import SerialExecutor
 from fedpipe.fl.local import make_optimizer
 from fedpipe.tasks import ClassificationTask
 

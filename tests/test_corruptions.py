@@ -288,6 +288,19 @@ def test_corrupted_test_sets_validates_before_any_work(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("names, severities, key, value", [
+    (["jpeg", "fog"], [1], "study.corruptions", "fog"),
+    (["jpeg"], [], "study.severities", []),
+    (["jpeg"], [1, 6], "study.severities", [1, 6]),
+])
+def test_study_corruption_names_are_checked_against_the_registry(names, severities, key, value):
+    with pytest.raises(ConfigError) as e:
+        C.check_corruption_names(names, severities, "study")
+    assert (e.value.key, e.value.value) == (key, value)
+    C.check_corruption_names([], [7], "study")  # severities matter only when corruptions are asked
+    C.check_corruption_names(NAMES, list(C.SEVERITIES), "study")
+
+
 def test_rejects_non_image_tensors():
     with pytest.raises(ValueError, match="C = 1 or 3"):
         C.corrupt(torch.rand(2, 4, 8, 8), "contrast", 1)

@@ -201,6 +201,28 @@ def test_fixed_parameters_follow_requires_grad(digits):
     assert not torch.equal(model[3].weight, tiny_model()[3].weight)
 
 
+def test_training_only_trains_the_named_parameters_and_restores_every_flag(digits):
+    from fedpipe.fl.local import local_train, training_only
+
+    data = ClientData(digits.train.x[:50], digits.train.y[:50])
+    cfg = LocalTrainConfig(epochs=1, batch_size=16, lr=0.1)
+    model = tiny_model()
+    model[1].bias.requires_grad_(False)  # frozen before: stays frozen though named
+    with training_only(model, {"1.weight", "1.bias"}):
+        assert [p.requires_grad for p in model.parameters()] == [True, False, False, False]
+        local_train(model, data, ClassificationTask(), cfg, 0, torch_generator(0, "t"))
+    assert [p.requires_grad for p in model.parameters()] == [True, False, True, True]
+    before = tiny_model()
+    assert not torch.equal(model[1].weight, before[1].weight)
+    for trained, initial in ((model[1].bias, before[1].bias), (model[3].weight, before[3].weight),
+                             (model[3].bias, before[3].bias)):
+        assert torch.equal(trained, initial)
+    with pytest.raises(RuntimeError, match="stop"), training_only(model, set()):
+        assert not any(p.requires_grad for p in model.parameters())
+        raise RuntimeError("stop")
+    assert [p.requires_grad for p in model.parameters()] == [True, False, True, True]
+
+
 def test_client_weights_are_not_changed_by_later_clients(digits):
     """A client's update holds the tensors the scratch model trained in; the next client gets new
     ones, so the first update stays as it was."""

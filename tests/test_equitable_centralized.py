@@ -116,8 +116,8 @@ def test_centralized_has_no_hyperparameters_and_composes_in_the_smoke_study(tmp_
 
     import yaml
 
-    from fedpipe.config.compose import compose_params
     from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.compose import compose_params
 
     params = yaml.safe_load(compose_params(Path(__file__).resolve().parents[1],
                                            ["study=equitable_smoke"],

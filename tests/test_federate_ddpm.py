@@ -144,8 +144,8 @@ def test_mean_std_hand_values():
 @pytest.mark.parametrize("preset,table", [("fedddpm_mnist", "mnist"), ("fedddpm_cifar10", "cifar10"),
                                           ("fedddpm_cifar100", "cifar100")])
 def test_paper_study_presets_compose_and_validate(tmp_path, preset, table):
-    from fedpipe.config.compose import compose_params
     from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.compose import compose_params
 
     repo = Path(__file__).resolve().parents[1]
     out = compose_params(repo, [f"study={preset}"], output=str(tmp_path / "params.yaml"))

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("preset,clients,rounds", [("fednh_smoke", 20, 15), ("fednh_cifar10", 100, 200),
                                                    ("fednh_cifar100", 100, 200)])
 def test_fednh_studies_compose_and_validate(tmp_path, preset, clients, rounds):
-    from fedpipe.config.compose import compose_params
     from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.compose import compose_params
 
     out = compose_params(REPO, [f"study={preset}"], output=str(tmp_path / "params.yaml"))
     params = yaml.safe_load(out.read_text())

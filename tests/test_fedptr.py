@@ -419,9 +419,9 @@ def test_every_claim_has_its_arms_in_the_study(study, tmp_path):
     from pathlib import Path
 
     from fedpipe.claims import fedptr as fedptr_claims
-    from fedpipe.config.compose import compose_params
     from fedpipe.config.core import build, load_params
     from fedpipe.config.fl import StudyConfig
+    from fedpipe.pipeline.compose import compose_params
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
@@ -436,10 +436,10 @@ def test_every_claim_has_its_arms_in_the_study(study, tmp_path):
 def test_studies_compose_and_validate(study, tmp_path):
     from pathlib import Path
 
-    from fedpipe.config.compose import compose_params
     from fedpipe.config.core import load_params
     from fedpipe.config.stages import partition_stage_config
     from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.compose import compose_params
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
@@ -460,9 +460,9 @@ def test_other_columns_of_tables_1_2_compose(overrides, tmp_path):
     40 clients at 25%) compose and validate."""
     from pathlib import Path
 
-    from fedpipe.config.compose import compose_params
     from fedpipe.config.core import load_params
     from fedpipe.config.stages import partition_stage_config
+    from fedpipe.pipeline.compose import compose_params
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, ["study=fedptr_cifar100", *overrides],
@@ -596,9 +596,9 @@ def test_paper_presets_draw_a_partition_for_every_replicate(study, tmp_path):
     import numpy as np
 
     from fedpipe.config import partition_stage_config
-    from fedpipe.config.compose import compose_params
     from fedpipe.config.core import load_params
     from fedpipe.data.partition import make_partition
+    from fedpipe.pipeline.compose import compose_params
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))

@@ -132,13 +132,10 @@ def v_server_data(p):
 
 
 def v_compose(p):
-    """What composition checks: the study's names against the registry (fedpipe.config.compose)."""
-    from fedpipe.config import compose
+    """What composition (and the plan stage) checks: the study's names against the registries."""
+    from fedpipe.pipeline.compose import check_composed
 
-    check = getattr(compose, "check_composed", None)
-    if check is None:  # before issue 17 composition checked nothing
-        return None
-    return check(p)
+    return check_composed(p)
 
 
 VALIDATORS = {"partition": v_partition, "federate": v_federate, "ddpm": v_ddpm,
@@ -333,6 +330,15 @@ add("server_data", "study.algorithms", [["fedfoo"]])
 CASES.append(config_case("compose", "study.algorithms", ["x;touch PWNED;#"],
                          base=params_with("algorithms.x;touch PWNED;#", {})))
 CASES.append(config_case("compose", "study.diffusion_algorithms", ["a b"]))
+CASES.append(config_case("compose", "study.corruptions", ["fog"]))
+CASES.append(config_case("compose", "study.severities", [0, 1],
+                         base=params_with("study.corruptions", ["jpeg"])))
+# device and accel (every stage that computes reads them)
+add("federate", "device", ["tpu", 1, None])
+add("diffusion", "device", ["gpu"])
+add("federate", "accel.bf16_autocast", ["yes"])
+add("federate", "accel.fp8", [True])
+add("federate", "accel", [[1]])
 # diffusion_fl (federate_ddpm stage)
 add("ddpm", "diffusion_fl.rounds", [0])
 add("ddpm", "diffusion_fl.local.lr", [INF, NAN, 0])
@@ -720,8 +726,15 @@ IDS = [c.id for c in CASES]
 assert len(set(IDS)) == len(IDS), [i for i in IDS if IDS.count(i) > 1]
 
 
-def test_fuzz_has_the_whole_issue():
-    assert len(CASES) >= 168 + 19
+def test_every_params_section_and_every_validator_has_fault_cases():
+    """The table covers the whole params file: every top-level key of the repository's params.yaml
+    is the target of some bad-value case, and every stage's validator is exercised (a section added
+    to params.yaml without cases here fails this test)."""
+    stage_of = {c.id: c.id.split(":", 1)[0] for c in CASES}
+    targets = {c.id.split(":", 1)[1].split("=", 1)[0].split(".", 1)[0]
+               for c in CASES if stage_of[c.id] in VALIDATORS}
+    assert set(BASE) - targets == set()
+    assert set(VALIDATORS) - set(stage_of.values()) == set()
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -21,7 +21,7 @@ from fedpipe.algorithms.perada import PerAda, PerAdaConfig
 from fedpipe.config import ConfigError, dataset_config
 from fedpipe.config.core import build
 from fedpipe.config.dataset import DigitsConfig
-from fedpipe.config.fl import LocalTrainConfig, StudyConfig
+from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
 from fedpipe.data.datasets import load_digits
 from fedpipe.fl import ClientUpdate, Payload, RoundInfo, ServerData, ServerState
@@ -35,6 +35,7 @@ from fedpipe.models.adapters import (
     load_backbone,
 )
 from fedpipe.pipeline.evaluate import corrupted_accuracy
+from fedpipe.pipeline.plan import check_study
 from fedpipe.pipeline.server_data import write_server_data
 from fedpipe.tasks import ClassificationTask
 
@@ -366,7 +367,7 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="server_data"):
         algorithm_config("feddf", {"server_data": "aux"})
     with pytest.raises(ConfigError, match="corruptions"):
-        build(StudyConfig, {"corruptions": ["fog"]}, "study")
+        check_study({"study": {"corruptions": ["fog"]}})
     with pytest.raises(ConfigError, match="holdout_fraction"):
         build(DigitsConfig, {"holdout_fraction": 0.9}, "dataset")
 

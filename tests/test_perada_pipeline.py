@@ -145,7 +145,7 @@ def test_report_section_smoke_has_no_paper_columns_and_none_without_perada():
 
 # -- every method from the same backbone (the paper's protocol, Sec. 7 "Baselines") -------------------
 def smoke_params(tmp_path, *overrides: str) -> dict:
-    from fedpipe.config.compose import compose_params
+    from fedpipe.pipeline.compose import compose_params
 
     out = compose_params(REPO, ["study=perada_smoke", *overrides], output=str(tmp_path / "p.yaml"))
     return yaml.safe_load(out.read_text())

@@ -8,7 +8,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fakes import MSETask, assert_identical
+from fakes import (
+    B0,
+    DT,
+    H0,
+    MSETask,
+    TwoLayer,
+    assert_identical,
+    grad_body,
+    grad_head,
+    regression_data,
+)
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -24,51 +34,15 @@ from fedpipe.pipeline.federate import client_evaluator
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
 
-DT = torch.float64
 LR = 0.1
 FULL_BATCH = LocalTrainConfig(steps=1, batch_size=64, lr=LR)
-
-
-class TwoLayer(nn.Module):
-    """f(x) = h^T B x: a body B (2x2) and a head h (1x2), both without bias."""
-
-    def __init__(self, body=((0.5, -0.2), (0.1, 0.3)), head=((0.4, -0.6),)):
-        super().__init__()
-        self.body = nn.Linear(2, 2, bias=False, dtype=DT)
-        self.head = nn.Linear(2, 1, bias=False, dtype=DT)
-        with torch.no_grad():
-            self.body.weight.copy_(torch.tensor(body, dtype=DT))
-            self.head.weight.copy_(torch.tensor(head, dtype=DT))
-
-    def forward(self, x):
-        return self.head(self.body(x)).squeeze(-1)
-
-
-def data(seed: int, n: int) -> ClientData:
-    g = torch.Generator().manual_seed(seed)
-    return ClientData(torch.randn(n, 2, generator=g, dtype=DT), torch.randn(n, generator=g, dtype=DT))
-
-
-CLIENTS = [data(1, 3), data(2, 5)]
-B0, H0 = TwoLayer().body.weight.detach().clone(), TwoLayer().head.weight.detach().clone()
+CLIENTS = [regression_data(1, 3), regression_data(2, 5)]
 BV, HV = torch.tensor([[0.2, 0.1], [-0.3, 0.4]], dtype=DT), torch.tensor([[-0.5, 0.2]], dtype=DT)
 
 
 def make(name, cfg=None, local=FULL_BATCH, model_fn=TwoLayer, task=None, num_clients=2):
     return ALGORITHMS[name](task or MSETask(), model_fn, local, algorithm_config(name, cfg),
                             aggregation="weighted", num_clients=num_clients)
-
-
-def residual(B, h, d):
-    return (d.x @ B.T @ h.T).squeeze(-1) - d.y
-
-
-def grad_head(B, h, d):  # d/dh mean (h^T B x - y)^2
-    return 2 / len(d) * (residual(B, h, d)[:, None] * (d.x @ B.T)).sum(0, keepdim=True)
-
-
-def grad_body(B, h, d):  # d/dB
-    return 2 / len(d) * (residual(B, h, d)[:, None, None] * h.T[None] * d.x[:, None, :]).sum(0)
 
 
 def W(B, h):
@@ -394,32 +368,77 @@ def bn_classifier():
         return Classifier((1, 2, 2), 4, body)
 
 
-def blobs(seed, classes, n):
+def blobs(seed, classes, n, scale=1.0, shift=0.0):
+    """``n`` samples cycling through ``classes``: class c at 3 e_c in R^4 plus N(0, 0.25 I) noise,
+    then ``scale * x + shift`` (a client's feature shift), as (1, 2, 2) images."""
     g = torch.Generator().manual_seed(seed)
     y = torch.tensor(classes).repeat(n // len(classes))
-    centres = 3 * torch.eye(4)
-    return ClientData((centres[y] + 0.5 * torch.randn(len(y), 4, generator=g)).view(-1, 1, 2, 2), y)
+    x = 3 * torch.eye(4)[y] + 0.5 * torch.randn(len(y), 4, generator=g)
+    return ClientData((scale * x + shift).view(-1, 1, 2, 2), y)
+
+
+LOCAL_E2E = LocalTrainConfig(epochs=2, batch_size=8, lr=0.1)
+LABEL_SKEW = [[0, 1], [1, 2], [2, 3], [3, 0]]  # each client holds two of the four classes
+FEATURE_SHIFT = [(0.5, -3.0), (1.0, 0.0), (2.0, 3.0), (4.0, 6.0)]  # (scale, shift) per client
+
+
+def final_row(name, train, tests, cfg=None, participation=0.75, rounds=5):
+    """The last history row of ``name`` on the BN classifier: 4 clients, ``rounds`` rounds."""
+    test_x, test_y = torch.cat([t.x for t in tests]), torch.cat([t.y for t in tests])
+    fl = FLConfig(rounds=rounds, participation=participation, local=LOCAL_E2E, checkpoint_every=100)
+    s = ALGORITHMS[name](ClassificationTask(), bn_classifier, LOCAL_E2E, algorithm_config(name, cfg),
+                         num_clients=4)
+    ev = client_evaluator(ClassificationTask(), s.model_of, test_x, test_y, tests, 0)
+    res = run_federated(s, bn_classifier(), train, fl, seed=0, evaluate=ev, progress=False)
+    assert not s.personalizes or len(res.personal) == 4
+    return res.history[-1]
+
+
+@pytest.fixture(scope="module")
+def label_skew():
+    """Pathological label skew: the clients' data, their local test sets, and FedAvg's final row
+    (its global model on each client's test set: ``test_client_mean``)."""
+    train = [blobs(k, c, 24) for k, c in enumerate(LABEL_SKEW)]
+    tests = [blobs(10 + k, c, 20) for k, c in enumerate(LABEL_SKEW)]
+    return train, tests, final_row("fedavg", train, tests)
 
 
 @pytest.mark.slow
-def test_each_method_runs_end_to_end_with_personal_accuracy_above_chance():
-    classes = [[0, 1], [1, 2], [2, 3], [3, 0]]
-    train = [blobs(k, c, 24) for k, c in enumerate(classes)]
-    tests = [blobs(10 + k, c, 20) for k, c in enumerate(classes)]
-    test_x, test_y = torch.cat([t.x for t in tests]), torch.cat([t.y for t in tests])
-    local = LocalTrainConfig(epochs=2, batch_size=8, lr=0.1)
-    fl = FLConfig(rounds=2, participation=0.75, local=local, checkpoint_every=10)
-    cfgs = {"creff": {"retrain_epochs": 30, "feature_epochs": 20}}
-    for name in ("ditto", "fedbn", "lg_fedavg", "apfl", "pfedme", "fedrod", "fedsim", "fedalt",
-                 "creff"):
-        s = ALGORITHMS[name](ClassificationTask(), bn_classifier, local,
-                             algorithm_config(name, cfgs.get(name)), num_clients=4)
-        ev = client_evaluator(ClassificationTask(), s.model_of, test_x, test_y, tests, 0)
-        res = run_federated(s, bn_classifier(), train, fl, seed=0, evaluate=ev, progress=False)
-        acc = res.history[-1]["test_personal_mean"]
-        assert math.isfinite(acc) and acc > 0.25 + 0.2, (name, acc)  # chance: 1/4
-        assert len(res.personal) == 4
+@pytest.mark.parametrize("name", ["ditto", "apfl", "pfedme", "fedrod", "fedsim", "fedalt"])
+def test_personal_models_beat_the_global_fedavg_model_under_label_skew(name, label_skew):
+    """The claim these methods share (Ditto, Li et al. 2021, Sec. 5; APFL, Deng et al. 2020, Sec. 5;
+    pFedMe, T. Dinh et al. 2020, Sec. 5; FedRoD, Chen & Chao 2022, Table 2; FedSim/FedAlt, Pillutla
+    et al. 2022, Sec. 5): under label skew each client's own model is more accurate on its own
+    distribution than the one global FedAvg model. Asserted with a margin of 0.1 accuracy after
+    the same 5 rounds (measured on this data: FedAvg 0.84, each of these 1.0)."""
+    train, tests, fedavg = label_skew
+    personal = final_row(name, train, tests)["test_personal_mean"]
+    assert personal >= fedavg["test_client_mean"] + 0.1, (name, personal, fedavg)
 
+
+@pytest.mark.slow
+def test_fedbn_beats_fedavg_under_feature_shift():
+    """FedBN's claim (Li et al., ICLR 2021, Sec. 5, Table 1): with clients whose features are shifted
+    (here each client scales and shifts its inputs: ``FEATURE_SHIFT``), local BatchNorm statistics
+    make the clients' models more accurate on their own data than FedAvg's global model. Margin 0.2
+    (measured: FedAvg 0.575, FedBN 0.925)."""
+    train = [blobs(k, [0, 1, 2, 3], 24, *FEATURE_SHIFT[k]) for k in range(4)]
+    tests = [blobs(10 + k, [0, 1, 2, 3], 20, *FEATURE_SHIFT[k]) for k in range(4)]
+    fedavg = final_row("fedavg", train, tests, participation=1.0)["test_client_mean"]
+    fedbn = final_row("fedbn", train, tests, participation=1.0)["test_personal_mean"]
+    assert fedbn >= fedavg + 0.2, (fedbn, fedavg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, cfg", [("lg_fedavg", None),
+                                       ("creff", {"retrain_epochs": 30, "feature_epochs": 20})])
+def test_methods_whose_claim_is_elsewhere_run_end_to_end_and_learn(name, cfg, label_skew):
+    """LG-FedAvg's and CReFF's claims are not about this data (CReFF's is its global model on
+    long-tailed data; LG-FedAvg's margin over FedAvg was not shown here, docs/papers/baselines.md):
+    end to end, each client's model learns its two classes (a guess among the four classes: 1/4)."""
+    train, tests, _ = label_skew
+    personal = final_row(name, train, tests, cfg)["test_personal_mean"]
+    assert math.isfinite(personal) and personal >= 0.7, (name, personal)
 
 
 @pytest.mark.parametrize("name", ["ditto", "fedbn", "lg_fedavg", "apfl", "pfedme", "fedrod",

@@ -21,7 +21,7 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
     dst = tmp_path_factory.mktemp("repo")
     env = {**copy_repo(dst), "MLFLOW_TRACKING_URI": f"sqlite:///{dst / 'test-mlflow.db'}"}
     shrink_diffusion_track(dst)
-    sh([str(BIN / "python"), "-m", "fedpipe.config.compose"], dst, env)
+    sh([str(BIN / "python"), "-m", "fedpipe.pipeline.compose"], dst, env)
     sh(["git", "init", "-q"], dst, env)
     (dst / ".gitignore").write_text((dst / ".gitignore").read_text() + "/test-mlflow.db\n")
     commit_all(dst, env)

@@ -1,7 +1,7 @@
 """Plots that tell the truth: the FID curves (log axis, distinct markers, legend outside, sample
 counts, the final correction), history CSVs without unevaluated rounds, DVC's Vega plots with fitting
 templates (checked through `dvc plots show --json` on CSVs written by the stages' own writers), the
-offline page, the unlabelled per-class plot and the loss panel's y-label."""
+offline page, the unlabelled per-class plot, and the data each matplotlib panel draws."""
 
 import json
 import os
@@ -80,10 +80,18 @@ def test_learning_curves_png_is_the_mean_over_seeds():
     assert ax.get_ylabel()
 
 
-def test_classification_loss_panel_has_a_y_label():
-    hist = [{"round": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.5}]
-    fig = plot_history(hist, "t")
-    assert fig.axes[0].get_ylabel() == "cross-entropy loss"
+def test_history_panels_plot_the_losses_and_the_metric_of_evaluated_rounds():
+    hist = [{"round": 1, "train_loss": 1.0},
+            {"round": 2, "train_loss": 0.8, "test_loss": 1.1, "test_accuracy": 0.5},
+            {"round": 3, "train_loss": 0.7},
+            {"round": 4, "train_loss": 0.6, "test_loss": 0.9, "test_accuracy": 0.7}]
+    loss, metric = plot_history(hist, "t").axes
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in loss.get_lines()}
+    assert lines == {"train loss (clients)": ([1, 2, 3, 4], [1.0, 0.8, 0.7, 0.6]),
+                     "test loss": ([2, 4], [1.1, 0.9])}  # unevaluated rounds are not drawn as 0
+    (acc,) = metric.get_lines()
+    assert (list(acc.get_xdata()), list(acc.get_ydata())) == ([2, 4], [0.5, 0.7])
+    assert loss.get_ylabel() == "cross-entropy loss" and metric.get_ylabel() == "global test accuracy"
     assert plot_history(hist, "t", loss_label="epsilon-MSE").axes[0].get_ylabel() == "epsilon-MSE"
 
 
@@ -97,9 +105,15 @@ def test_unlabelled_aux_set_gives_no_rows_and_a_figure_that_says_why():
     assert len(plot_per_class(np.array([1.0, 0.5, 0.0]), ["a", "b", "c"], "t").axes[0].patches) == 3
 
 
-def test_sizes_png_draws_the_label_skew_too():
-    fig = plot_sizes(np.array([10, 20]), "t", emd=np.array([0.5, 0.2]))
-    assert len(fig.axes) == 2 and "EMD" in fig.axes[1].get_ylabel()
+def test_sizes_png_draws_each_clients_size_and_label_skew():
+    fig = plot_sizes(np.array([10, 20, 30]), "t", emd=np.array([0.5, 0.2, 1.5]))
+    sizes, skew = fig.axes
+    assert [b.get_height() for b in sizes.patches] == [10, 20, 30]
+    assert [b.get_x() + b.get_width() / 2 for b in sizes.patches] == [0, 1, 2]  # client ids
+    (mean,) = sizes.get_lines()
+    assert list(mean.get_ydata()) == [20.0, 20.0] and mean.get_label() == "mean 20.0"
+    assert [b.get_height() for b in skew.patches] == [0.5, 0.2, 1.5] and "EMD" in skew.get_ylabel()
+    assert len(plot_sizes(np.array([10, 20]), "t").axes) == 1  # no skew panel without EMD
 
 
 # ------------------------------------------------------------------ DVC's Vega plots, for real

@@ -5,64 +5,23 @@ and per-client state files."""
 from __future__ import annotations
 
 import torch
-from fakes import MSETask
-from torch import nn
+from fakes import B0, DT, H0, MSETask, TwoLayer, grad_body, grad_head, regression_data, residual
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.data import ClientData
 from fedpipe.fl import ClientStore, RoundInfo, ServerData, Strategy, run_federated, sample_clients
 from fedpipe.fl.engine import CLIENTS_DIR, load_checkpoint
 from fedpipe.fl.local import local_train
 from fedpipe.rng import numpy_rng, torch_generator
 
-DT = torch.float64
 LR = 0.1
-
-
-class TwoLayer(nn.Module):
-    """f(x) = h^T B x: a body B (2x2) and a head h (1x2), both without bias."""
-
-    def __init__(self, body=((0.5, -0.2), (0.1, 0.3)), head=((0.4, -0.6),)):
-        super().__init__()
-        self.body = nn.Linear(2, 2, bias=False, dtype=DT)
-        self.head = nn.Linear(2, 1, bias=False, dtype=DT)
-        with torch.no_grad():
-            self.body.weight.copy_(torch.tensor(body, dtype=DT))
-            self.head.weight.copy_(torch.tensor(head, dtype=DT))
-
-    def forward(self, x):
-        return self.head(self.body(x)).squeeze(-1)
-
-
-def data(seed: int, n: int) -> ClientData:
-    g = torch.Generator().manual_seed(seed)
-    return ClientData(torch.randn(n, 2, generator=g, dtype=DT), torch.randn(n, generator=g, dtype=DT))
-
-
-CLIENTS = [data(1, 3), data(2, 5), data(3, 4), data(4, 2)]
+CLIENTS = [regression_data(1, 3), regression_data(2, 5), regression_data(3, 4), regression_data(4, 2)]
 FULL_BATCH = LocalTrainConfig(steps=1, batch_size=64, lr=LR)
 
 
 def make(name: str, cfg=None, local: LocalTrainConfig = FULL_BATCH, aggregation="weighted"):
     return ALGORITHMS[name](MSETask(), TwoLayer, local, algorithm_config(name, cfg),
                             aggregation=aggregation, num_clients=len(CLIENTS))
-
-
-# -- hand-computed gradients of the mean squared error of f(x) = h^T B x --------------------------
-def residual(B, h, d: ClientData):
-    return (d.x @ B.T @ h.T).squeeze(-1) - d.y
-
-
-def grad_head(B, h, d):  # d/dh mean (h^T B x - y)^2 = 2/n sum r (B x)^T
-    return 2 / len(d) * (residual(B, h, d)[:, None] * (d.x @ B.T)).sum(0, keepdim=True)
-
-
-def grad_body(B, h, d):  # d/dB = 2/n sum r h^T x^T
-    return 2 / len(d) * (residual(B, h, d)[:, None, None] * h.T[None] * d.x[:, None, :]).sum(0)
-
-
-B0, H0 = TwoLayer().body.weight.detach().clone(), TwoLayer().head.weight.detach().clone()
 
 
 # -- personalization -----------------------------------------------------------------------------

@@ -224,10 +224,10 @@ def test_every_smoke_replicate_draws_a_valid_partition(tmp_path, study):
     """Each replicate of a smoke study draws its own partition: every seed of study.seeds must find
     one its settings allow (Dir(0.01) with min_size 10 found one within 100 draws for seed 0 only)."""
     from fedpipe.config import dataset_config
-    from fedpipe.config.compose import compose_params
     from fedpipe.config.core import load_params
     from fedpipe.data import load_dataset
     from fedpipe.data.partition import make_partition
+    from fedpipe.pipeline.compose import compose_params
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))

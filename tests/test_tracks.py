@@ -8,9 +8,9 @@ import pytest
 from dvc.repo import Repo
 
 from fedpipe.config import ConfigError
-from fedpipe.config.compose import compose_params
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
+from fedpipe.pipeline.compose import compose_params
 from fedpipe.pipeline.plan import write_plan
 from fedpipe.pipeline.server_data import needed_kinds
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from fedpipe.errors import ConfigError
 from fedpipe.rng import torch_seed
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -43,9 +44,7 @@ def cuda_available() -> bool:
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
     """``auto`` -> CUDA when available, else the CPU; ``cpu``; ``cuda`` (refused with a one-line
-    :class:`~fedpipe.config.ConfigError` naming ``key`` when no CUDA device is available)."""
-    from fedpipe.config.core import ConfigError
-
+    :class:`~fedpipe.errors.ConfigError` naming ``key`` when no CUDA device is available)."""
     if name not in DEVICES:
         raise ConfigError(key, name, "one of " + ", ".join(DEVICES))
     if name == "cuda" and not cuda_available():

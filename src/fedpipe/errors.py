@@ -1,5 +1,16 @@
-"""Errors every layer may raise and the stage entry point turns into one line and an exit code
-(beside :class:`fedpipe.config.ConfigError`, which names a params key)."""
+"""Errors every layer may raise and the stage entry point turns into one line and an exit code.
+:class:`ConfigError` is also importable from :mod:`fedpipe.config` and :mod:`fedpipe.config.core`."""
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """An invalid parameter: ``key`` (dotted path), the ``value`` given, and what is ``allowed``;
+    exit code 2, raised before any compute."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
 
 
 class DivergenceError(RuntimeError):

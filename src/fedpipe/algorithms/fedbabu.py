@@ -25,7 +25,7 @@ from fedpipe.algorithms.fedavg import KeepsLocalModel
 from fedpipe.algorithms.fedavg_ft import fine_tune
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
+from fedpipe.fl.local import local_train, training_only
 from fedpipe.fl.state import ClientState, ClientUpdate, Payload, ServerState, Weights
 from fedpipe.fl.strategy import RoundInfo, module_keys
 
@@ -64,15 +64,9 @@ class FedBABU(KeepsLocalModel):
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
         model = self.scratch_model(payload.weights)
-        head = [p for n, p in model.named_parameters() if n.startswith("head.")]
-        flags = [p.requires_grad for p in head]
-        try:
-            for p in head:
-                p.requires_grad_(False)
+        body = {n for n, _ in model.named_parameters() if not n.startswith("head.")}
+        with training_only(model, body):
             metrics = local_train(model, data, self.task, self.local, payload.round, gen)
-        finally:
-            for p, f in zip(head, flags, strict=True):
-                p.requires_grad_(f)
         local = self.scratch_weights()
         heads = self.head_keys()
         body = {k: v for k, v in local.items() if k not in heads}  # the head is never aggregated

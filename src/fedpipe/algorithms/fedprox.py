@@ -27,10 +27,9 @@ from torch import nn
 
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
-from fedpipe.fl.batched import BatchedPlan
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import ClientUpdate, Payload, clone, trainable
-from fedpipe.fl.strategy import ClientState, Strategy
+from fedpipe.fl.strategy import BatchedPlan, ClientState, Strategy
 from fedpipe.tasks import Batch
 
 

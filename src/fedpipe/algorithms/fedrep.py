@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from fedpipe.config.core import check
+from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
+from fedpipe.fl.local import local_train, training_only
 from fedpipe.fl.state import ClientUpdate, Payload
 from fedpipe.fl.strategy import ClientState, Strategy
 
@@ -43,25 +44,37 @@ class FedRep(Strategy):
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
-        model = self.scratch_model(self.local_weights(payload.weights, client_state))
-        params = dict(model.named_parameters())
-        head = {n for n in params if n in self.personal}
-        flags = {n: p.requires_grad for n, p in params.items()}
-        metrics: dict[str, float] = {}
-        try:
-            for phase, epochs, train in (("head", self.cfg.head_epochs, head),
-                                         ("body", self.cfg.body_epochs, set(params) - head)):
-                if epochs == 0:
-                    continue
-                for n, p in params.items():
-                    p.requires_grad_(flags[n] and n in train)
-                m = local_train(model, data, self.task, replace(self.local, epochs=epochs, steps=None),
-                                payload.round, gen)
-                metrics |= {f"{phase}_loss": m["loss"], f"{phase}_steps": m["steps"]}
-                metrics |= m  # "loss" and "steps" of the last phase (the body's)
-        finally:
-            for n, p in params.items():
-                p.requires_grad_(flags[n])
-        shared, own = self.split_personal(self.scratch_weights())
-        return (ClientUpdate(client_id, len(data), shared, metrics=metrics),
-                {**client_state, "personal": own}, metrics)
+        head = (replace(self.local, epochs=self.cfg.head_epochs, steps=None)
+                if self.cfg.head_epochs else None)
+        body = replace(self.local, epochs=self.cfg.body_epochs, steps=None)
+        return alternating_update(self, payload, client_state, data, gen, client_id,
+                                  ("head", head), ("body", body))
+
+
+def alternating_update(strategy: Strategy, payload: Payload, client_state: ClientState,
+                       data: ClientData, gen: torch.Generator, client_id: int,
+                       personal: tuple[str, LocalTrainConfig | None],
+                       shared: tuple[str, LocalTrainConfig]
+                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
+    """The client step of a method that alternates (FedRep, step 1 then 2; FedAlt, Pillutla et al.
+    2022, Alg. 1): from the global shared entries and the client's own personal ones, train the
+    personal parameters with the shared ones fixed, then the shared ones with the personal ones
+    fixed, one generator throughout; upload the shared entries and keep the personal ones.
+
+    ``personal``/``shared``: each phase's name and schedule (``personal``'s None skips it). The
+    metrics hold ``<name>_loss`` and ``<name>_steps`` of each phase run, and ``loss``/``steps`` of
+    the last (the shared phase)."""
+    model = strategy.scratch_model(strategy.local_weights(payload.weights, client_state))
+    names = {n for n, _ in model.named_parameters()}
+    own = {n for n in names if n in strategy.personal}
+    metrics: dict[str, float] = {}
+    for (phase, sched), train in ((personal, own), (shared, names - own)):
+        if sched is None:
+            continue
+        with training_only(model, train):
+            m = local_train(model, data, strategy.task, sched, payload.round, gen)
+        metrics |= {f"{phase}_loss": m["loss"], f"{phase}_steps": m["steps"]}
+        metrics |= m
+    weights, kept = strategy.split_personal(strategy.scratch_weights())
+    return (ClientUpdate(client_id, len(data), weights, metrics=metrics),
+            {**client_state, "personal": kept}, metrics)

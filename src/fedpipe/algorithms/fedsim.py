@@ -41,9 +41,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from fedpipe.algorithms.fedrep import alternating_update
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
 from fedpipe.fl.state import ClientUpdate, Payload
 from fedpipe.fl.strategy import ClientState, Strategy, module_keys
 from fedpipe.models.adapters import add_adapters
@@ -116,24 +116,7 @@ class FedAlt(FedSim):
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
-        model = self.scratch_model(self.local_weights(payload.weights, client_state))
-        params = dict(model.named_parameters())
-        flags = {n: p.requires_grad for n, p in params.items()}
-        personal = {n for n in params if n in self.personal}
-        metrics: dict[str, float] = {}
-        try:
-            for phase, epochs, train in (("personal", self.cfg.personal_epochs, personal),
-                                         ("shared", self.cfg.shared_epochs, set(params) - personal)):
-                sched = self.local if epochs is None else replace(self.local, epochs=epochs,
-                                                                  steps=None)
-                for n, p in params.items():
-                    p.requires_grad_(flags[n] and n in train)
-                m = local_train(model, data, self.task, sched, payload.round, gen)
-                metrics |= {f"{phase}_loss": m["loss"], f"{phase}_steps": m["steps"]}
-                metrics |= m  # "loss" and "steps" of the shared phase (the last)
-        finally:
-            for n, p in params.items():
-                p.requires_grad_(flags[n])
-        shared, own = self.split_personal(self.scratch_weights())
-        return (ClientUpdate(client_id, len(data), shared, metrics=metrics),
-                {**client_state, "personal": own}, metrics)
+        personal, shared = (self.local if e is None else replace(self.local, epochs=e, steps=None)
+                            for e in (self.cfg.personal_epochs, self.cfg.shared_epochs))
+        return alternating_update(self, payload, client_state, data, gen, client_id,
+                                  ("personal", personal), ("shared", shared))

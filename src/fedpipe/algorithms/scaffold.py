@@ -66,7 +66,6 @@ from torch import nn
 
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
-from fedpipe.fl.batched import BatchedPlan
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import (
     ClientUpdate,
@@ -79,7 +78,7 @@ from fedpipe.fl.state import (
     sum_over_clients,
     trainable,
 )
-from fedpipe.fl.strategy import ClientState, RoundInfo, Strategy, check_num_clients
+from fedpipe.fl.strategy import BatchedPlan, ClientState, RoundInfo, Strategy, check_num_clients
 
 CONTROL_VARIATES = ("auto", "option2", "mean_gradient")
 

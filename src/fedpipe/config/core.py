@@ -12,15 +12,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from fedpipe.errors import ConfigError  # defined with the other errors; kept importable from here
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """An invalid parameter: ``key`` (dotted path), the ``value`` given, and what is ``allowed``."""
-
-    def __init__(self, key: str, value: Any, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
 
 
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:

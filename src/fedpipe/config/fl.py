@@ -190,8 +190,9 @@ class StudyConfig:
     must then be labelled: ``diffusion.conditional: true``) gets it from the ``server_data`` stage.
     ``paper_reference`` (e.g. ``mnist/15_shard``) prints that column of the FedDDPM paper's
     Tables I-III beside our numbers in the report. ``corruptions`` (names of
-    ``fedpipe.data.corruptions.CORRUPTIONS``) adds accuracy on corrupted copies of the test set to
-    the evaluation (mean over ``severities``, then over the corruptions; PerAda's CIFAR-10-C).
+    ``fedpipe.data.corruptions.CORRUPTIONS``, checked there by ``check_corruption_names`` when the
+    study is planned or composed) adds accuracy on corrupted copies of the test set to the
+    evaluation (mean over ``severities``, then over the corruptions; PerAda's CIFAR-10-C).
     ``papers``: whose claims the report judges (default: the papers whose arms the study runs)."""
 
     name: str = "default"
@@ -243,13 +244,6 @@ class StudyConfig:
               "a non-empty list of distinct integers >= 0")
         check(self.server_data_from in SERVER_DATA_FROM, f"{p}.server_data_from",
               self.server_data_from, " or ".join(SERVER_DATA_FROM))
-        if self.corruptions:
-            from fedpipe.data.corruptions import CORRUPTIONS, SEVERITIES
-
-            for c in self.corruptions:
-                check(c in CORRUPTIONS, f"{p}.corruptions", c, "one of " + ", ".join(CORRUPTIONS))
-            check(len(self.severities) >= 1 and set(self.severities) <= set(SEVERITIES),
-                  f"{p}.severities", self.severities, f"a non-empty subset of {list(SEVERITIES)}")
         if self.paper_reference is not None:
             from fedpipe.reference import COLUMNS, FEDDDPM_FID
 

@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fedpipe.config import ConfigError
+from fedpipe.config.core import ConfigError, check
 from fedpipe.data.datasets import Dataset, Split
 from fedpipe.io import load_tensors, read_metadata, save_tensors
 from fedpipe.rng import torch_generator
@@ -204,6 +204,19 @@ def check_corruption(name: str, severity: int, key: str = "corruption") -> None:
     is_int = isinstance(severity, (int, np.integer)) and not isinstance(severity, bool)
     if not is_int or severity not in SEVERITIES:
         raise ConfigError(f"{key}.severity", severity, "an integer in 1..5")
+
+
+def check_corruption_names(names: Sequence[str], severities: Sequence[int], key: str = "study"
+                           ) -> None:
+    """A study's ``<key>.corruptions``, names of :data:`CORRUPTIONS`, and ``<key>.severities``, a
+    non-empty subset of :data:`SEVERITIES` (checked only when corruptions are asked for); raise
+    ``ConfigError`` naming the key otherwise."""
+    if not names:
+        return
+    for c in names:
+        check(c in CORRUPTIONS, f"{key}.corruptions", c, "one of " + ", ".join(CORRUPTIONS))
+    check(len(severities) >= 1 and set(severities) <= set(SEVERITIES),
+          f"{key}.severities", severities, f"a non-empty subset of {list(SEVERITIES)}")
 
 
 def _check_images(x: torch.Tensor) -> None:

@@ -4,12 +4,12 @@ from fedpipe.fl.engine import (
     ClientStore,
     DivergenceError,
     RunResult,
-    SerialExecutor,
     load_checkpoint,
     run_federated,
     sample_clients,
     save_checkpoint,
 )
+from fedpipe.fl.executors import SerialExecutor
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import ClientState, ClientUpdate, Payload, ServerState, clone, weighted_average
 from fedpipe.fl.strategy import (

@@ -31,7 +31,8 @@ real samples only (a 0/1 mask), which is the serial batch mean.
 
 **Which strategies batch.** A strategy opts in with the class attribute ``batchable = True`` (default
 False on :class:`~fedpipe.fl.strategy.Strategy`) and describes its client step through two hooks:
-``batched_plan(payload, client_state, data, client_id) -> BatchedPlan`` (the weights it starts from
+``batched_plan(payload, client_state, data, client_id) ->``
+:class:`~fedpipe.fl.strategy.BatchedPlan` (the weights it starts from
 and the pieces of its local step the executor knows how to vectorise: a proximal term (FedProx), a
 fixed gradient correction and a running sum of raw gradients (SCAFFOLD)) and ``batched_finish(...)``
 (the update and client state from the trained weights, as its ``client_update`` builds them). The flag
@@ -59,8 +60,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,12 +68,11 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedpipe.device import autocast
+from fedpipe.fl.executors import SerialExecutor
 from fedpipe.fl.local import iterate_batches, trainable_parameters
 from fedpipe.fl.state import Weights, repeated_names
+from fedpipe.fl.strategy import BatchedPlan, Strategy
 from fedpipe.rng import torch_generator
-
-if TYPE_CHECKING:
-    from fedpipe.fl.strategy import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +81,6 @@ RTOL = 1e-4
 """The documented agreement of batched with serial (weights and client state after 2 rounds)."""
 ADAM_UPDATE_RTOL = 1e-2
 """Adam on the diffusion UNet: ||w_batched - w_serial|| / ||w_serial - w_0|| (see the module doc)."""
-
-
-@dataclass
-class BatchedPlan:
-    """One client's local step as the batched executor runs it.
-
-    ``start``: the full state dict the client trains from. ``prox_mu``/``prox_centre``: add
-    ``mu/2 ||w - centre||^2`` over the trainable parameters to the loss (FedProx, Eq. 2).
-    ``correction``: added to each trainable parameter's gradient after it is computed and before
-    clipping (SCAFFOLD's c - c_i, Alg. 1 line 10). ``grad_sum``: keep the sum of the raw
-    (uncorrected) gradients of the client's steps (SCAFFOLD's mean-gradient control variate).
-    ``context``: anything the strategy's ``batched_finish`` needs back."""
-
-    start: Weights
-    prox_mu: float = 0.0
-    prox_centre: Weights | None = None
-    correction: Weights | None = None
-    grad_sum: bool = False
-    context: dict[str, Any] = field(default_factory=dict)
 
 
 def supports_batching(strategy: Strategy) -> bool:
@@ -152,8 +132,6 @@ class BatchedExecutor:
 
     def run(self, strategy, payloads, jobs, seed):
         if self._reason(strategy) is not None:
-            from fedpipe.fl.engine import SerialExecutor
-
             return SerialExecutor().run(strategy, payloads, jobs, seed)
         if not jobs:
             return []
@@ -171,8 +149,6 @@ class BatchedExecutor:
                                                                  strict=True)]
 
     def probe(self, strategy, payloads, jobs, seed):
-        from fedpipe.fl.engine import SerialExecutor
-
         return SerialExecutor().probe(strategy, payloads, jobs, seed)
 
 

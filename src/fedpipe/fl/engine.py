@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ from fedpipe.data import ClientData
 from fedpipe.device import module_device
 from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.batched import BatchedExecutor
+from fedpipe.fl.executors import Executor, SerialExecutor
 from fedpipe.fl.state import (
     ClientState,
     ClientUpdate,
@@ -77,37 +78,6 @@ def sample_clients(num_clients: int, per_round: int, seed: int, round_: int) -> 
 
 
 # -- executors ---------------------------------------------------------------------------------
-Job = tuple[int, ClientState, ClientData]
-
-
-class Executor(Protocol):
-    def run(self, strategy: Strategy, payloads: dict[int, Any], jobs: Sequence[Job],
-            seed: int) -> list[tuple[ClientUpdate, ClientState, dict[str, float]]]: ...
-
-    def probe(self, strategy: Strategy, payloads: dict[int, Any], jobs: Sequence[Job],
-              seed: int) -> dict[int, dict[str, float]]: ...
-
-
-class SerialExecutor:
-    """Runs the round's client work one client after another, in client-id order (deterministic)."""
-
-    def run(self, strategy, payloads, jobs, seed):
-        out = []
-        for cid, cstate, data in jobs:
-            p = payloads[cid]
-            gen = torch_generator(seed, "client-update", p.round, cid)
-            out.append(strategy.client_update(p, cstate, data, gen, cid))
-        return out
-
-    def probe(self, strategy, payloads, jobs, seed):
-        out = {}
-        for cid, cstate, data in jobs:
-            p = payloads[cid]
-            out[cid] = strategy.probe(p, cstate, data, torch_generator(seed, "client-probe",
-                                                                         p.round, cid), cid)
-        return out
-
-
 def _ray_executor(fl: FLConfig) -> Executor:
     from fedpipe.fl.ray_executor import RayExecutor  # Ray is imported only when asked for
 

@@ -7,6 +7,8 @@ Algorithms customise it through hooks instead of copying it:
 - ``grads_fn(model, batch, loss_fn) -> loss``: replaces "forward + backward" entirely (SAM's two-pass
   step in MoFedSAM);
 - ``step_hook(model)``: called right after each optimizer step (e.g. an EMA of the weights).
+A method that trains part of its model at a time (FedRep's and FedAlt's phases, FedBABU's frozen head)
+wraps the call in :func:`training_only`.
 
 No host synchronisation inside the loop: on an accelerator the losses stay on the device until the
 end (:class:`LossMean`); on the CPU, where reading a scalar costs no synchronisation, each is read as
@@ -20,8 +22,9 @@ optimizer built for the same model, parameters and settings is reused with its s
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -58,6 +61,22 @@ def fix_parameters(model: nn.Module) -> None:
     ``requires_grad`` may change): :func:`trainable_parameters` then lists them without walking the
     modules. The engine does this for its scratch model, which nothing restructures."""
     _fixed_params[model] = list(model.parameters())
+
+
+@contextlib.contextmanager
+def training_only(model: nn.Module, names: Collection[str]) -> Iterator[None]:
+    """Within the block, only the parameters of ``model`` named in ``names`` are trained: the others
+    are frozen (``requires_grad`` off; a parameter frozen before stays frozen). Every parameter's
+    ``requires_grad`` is restored when the block ends, also on an error."""
+    params = dict(model.named_parameters())
+    flags = {n: p.requires_grad for n, p in params.items()}
+    try:
+        for n, p in params.items():
+            p.requires_grad_(flags[n] and n in names)
+        yield
+    finally:
+        for n, p in params.items():
+            p.requires_grad_(flags[n])
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -1,7 +1,7 @@
 """The Ray executor (``fl.executor: ray``): a round's ``client_update`` (and ``probe``) calls run as
 Ray tasks, on a local Ray instance or on an existing cluster (``fl.ray.address``).
 
-Bit-identical to :class:`~fedpipe.fl.engine.SerialExecutor` on CPU. A task computes exactly what the
+Bit-identical to :class:`~fedpipe.fl.executors.SerialExecutor` on CPU. A task computes exactly what the
 serial loop computes for its client:
 
 - the same inputs: the strategy (pickled once per change, see below), the client's payload and state,

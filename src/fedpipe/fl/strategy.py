@@ -36,7 +36,6 @@ from torch import nn
 
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
-from fedpipe.fl.batched import BatchedPlan
 from fedpipe.fl.local import fix_parameters, local_train
 from fedpipe.fl.state import (
     ClientState,
@@ -121,6 +120,25 @@ def module_keys(model: nn.Module, prefixes: Sequence[str]) -> set[str]:
     """The state-dict names under the modules ``prefixes`` (``""`` = the whole model)."""
     names = model.state_dict().keys()
     return {k for k in names for p in prefixes if p == "" or k == p or k.startswith(p + ".")}
+
+
+@dataclass
+class BatchedPlan:
+    """One client's local step as the batched executor runs it.
+
+    ``start``: the full state dict the client trains from. ``prox_mu``/``prox_centre``: add
+    ``mu/2 ||w - centre||^2`` over the trainable parameters to the loss (FedProx, Eq. 2).
+    ``correction``: added to each trainable parameter's gradient after it is computed and before
+    clipping (SCAFFOLD's c - c_i, Alg. 1 line 10). ``grad_sum``: keep the sum of the raw
+    (uncorrected) gradients of the client's steps (SCAFFOLD's mean-gradient control variate).
+    ``context``: anything the strategy's ``batched_finish`` needs back."""
+
+    start: Weights
+    prox_mu: float = 0.0
+    prox_centre: Weights | None = None
+    correction: Weights | None = None
+    grad_sum: bool = False
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 class Strategy:

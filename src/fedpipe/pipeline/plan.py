@@ -115,18 +115,32 @@ def backbone_users(params: dict[str, Any]) -> tuple[list[str], int | None]:
     return users, rounds
 
 
-def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
-    """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
+def check_study(params: dict[str, Any]) -> StudyConfig:
+    """The study against the registries (ConfigError otherwise): its graph, both tracks' algorithm
+    names and the ``algorithms`` sections (:mod:`fedpipe.algorithms`), its corruption names and
+    severities (:mod:`fedpipe.data.corruptions`). Run by the plan stage before any stage of the
+    study's methods runs, and by ``fedpipe.pipeline.compose`` before a composed params file is
+    written."""
     from fedpipe.algorithms import check_algorithm_sections, check_algorithms
 
-    root = Path(root)
     study = build(StudyConfig, params.get("study"), "study")
     study.check_graph()
-    check_algorithms(study.algorithms, "study.algorithms")  # both tracks' names, before any stage
-    check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")  # of theirs runs
+    check_algorithms(study.algorithms, "study.algorithms")
+    check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
     check_algorithm_sections(params.get("algorithms"))
+    if study.corruptions:  # the corruptions (and their image libraries) load only when asked for
+        from fedpipe.data.corruptions import check_corruption_names
+
+        check_corruption_names(study.corruptions, study.severities, "study")
+    return study
+
+
+def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
+    """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
     from fedpipe.pipeline.server_data import needed_kinds
 
+    root = Path(root)
+    study = check_study(params)
     kinds = needed_kinds(params)  # what server_data@<seed> writes (validated: a ConfigError here)
     run = uses_diffusion(params, kinds)
     inputs = input_files(params, root)

@@ -1,10 +1,12 @@
 """Compose ``params.yaml`` from ``conf/`` with Hydra, exactly as ``dvc exp run`` does.
 
-``python -m fedpipe.config.compose [override ...]`` (``make params``) regenerates the committed default
-``params.yaml`` after an edit under ``conf/``; it uses DVC's own composition function so the file is
-byte-identical to what ``dvc exp run`` would write. The composed params are checked before they
-replace the file (:func:`check_composed`): names that are not registry names never reach
-``params.yaml``, whose values DVC substitutes into stage names and paths.
+``python -m fedpipe.pipeline.compose [override ...]`` (``make params``) regenerates the committed
+default ``params.yaml`` after an edit under ``conf/``; it uses DVC's own composition function so the
+file is byte-identical to what ``dvc exp run`` would write. The composed params are checked before
+they replace the file (:func:`check_composed`, the plan stage's checks): names that are not registry
+names never reach ``params.yaml``, whose values DVC substitutes into stage names and paths. The tool
+sits with the stages' library side, above the registries it checks against (:mod:`fedpipe.config`
+holds the config sections only).
 """
 
 from __future__ import annotations
@@ -17,19 +19,14 @@ from typing import Any
 
 
 def check_composed(params: dict[str, Any]) -> None:
-    """The study's algorithm names are registry names and the ``algorithms`` section holds only
-    registered algorithms with valid settings (ConfigError otherwise)."""
-    from fedpipe.algorithms import check_algorithm_sections, check_algorithms
-    from fedpipe.config.core import build
-    from fedpipe.config.fl import StudyConfig
+    """The params file's sections are known ones, and the study holds registry names only: its
+    algorithms, the ``algorithms`` sections' settings, its corruptions (ConfigError otherwise;
+    :func:`fedpipe.pipeline.plan.check_study`)."""
     from fedpipe.config.stages import check_sections
+    from fedpipe.pipeline.plan import check_study
 
     check_sections(params)
-    study = build(StudyConfig, params.get("study"), "study")
-    study.check_graph()
-    check_algorithms(study.algorithms, "study.algorithms")
-    check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
-    check_algorithm_sections(params.get("algorithms"))
+    check_study(params)
 
 
 def compose_params(root: str | Path = ".", overrides: list[str] | None = None,
