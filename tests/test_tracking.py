@@ -17,17 +17,6 @@ from fedpipe.tracking import stage_item, stage_run
 from fedpipe.tracking.sync import sync_pending
 
 
-@pytest.fixture
-def tracked(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text("seed: 0\n")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("FEDPIPE_TRACKING", "on")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("DVC_EXP_NAME", "")
-    return tmp_path, uri
-
-
 def test_stage_item_reads_matrix_stage_names():
     assert stage_item("federate@fedprox-0") == ("fedprox", 0)
     assert stage_item("federate_ddpm@fedddpm_plus-12") == ("fedddpm_plus", 12)

@@ -124,19 +124,24 @@ class Replayer:
             from mlflow import MlflowClient
 
             check_db(self.uri)  # an unreadable database: one line naming it (the spool is kept)
-            self._client = MlflowClient(tracking_uri=self.uri)
+            with _db_lock(self.uri):  # a new database's schema: made by one process at a time
+                client = MlflowClient(tracking_uri=self.uri)
+                client.search_experiments(max_results=1)  # the store (and schema) made here
+            self._client = client
         return self._client
 
     def experiment(self, name: str) -> str:
         if name not in self._experiments:
-            with _db_lock(self.uri):  # schema creation and the experiment: one process at a time
-                self._experiments[name] = _experiment(self.client, name, self.uri)
+            client = self.client
+            with _db_lock(self.uri):  # the experiment and its locations: one process at a time
+                self._experiments[name] = _experiment(client, name, self.uri)
         return self._experiments[name]
 
     def parent(self, exp_id: str, record: dict[str, Any], t: int) -> str:
         if record["key"] not in self._parents:
+            client = self.client
             with _db_lock(self.uri):  # found or created by one process at a time
-                self._parents[record["key"]] = _pipeline_parent(self.client, exp_id, record, t)
+                self._parents[record["key"]] = _pipeline_parent(client, exp_id, record, t)
         return self._parents[record["key"]]
 
     def replay(self, path: Path, follow: bool = False) -> None:
