@@ -195,8 +195,10 @@ class StageRun:
         if self.active:
             import fcntl
 
-            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held for the stage's life)
+            new = path.with_name(path.name + ".new")  # not a spool file until it is locked
+            self._file = open(new, "a", encoding="utf-8")  # noqa: SIM115 (held for the stage's life)
             fcntl.flock(self._file, fcntl.LOCK_EX)  # held while the stage runs: a sync sees it live
+            os.rename(new, path)
 
     def _write(self, event: str, **fields: Any) -> None:
         if not self.active:
