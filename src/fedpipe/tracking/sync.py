@@ -87,6 +87,7 @@ def sync_pending(uri: str | None = None) -> int:
     if not tracking_enabled():
         return 0
     uri = tracking_uri() if uri is None else uri
+    t0 = time.perf_counter()
     replayer = Replayer(uri)
     done = 0
     for path in pending(spool_dir(uri)):
@@ -95,6 +96,9 @@ def sync_pending(uri: str | None = None) -> int:
                 continue
             replayer.replay(path)
             done += 1
+    if done:
+        log.info("tracking: %d spooled run(s) replayed into MLflow in %.1f s", done,
+                 time.perf_counter() - t0)
     return done
 
 
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         follow(args.follow.resolve())
         return 0
     t0 = time.perf_counter()
-    n = sync_pending()
+    n = sync_pending()  # its own time, with MLflow's import: the whole process
     print(f"synced {n} spooled run(s) into {tracking_uri()} in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     return 0
