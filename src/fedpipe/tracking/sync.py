@@ -156,11 +156,11 @@ class Replayer:
         ended = False
         while not ended:
             alive = writer_alive(path)  # before reading: what it wrote before dying is read below
-            with open(path, encoding="utf-8") as f:
+            with open(path, "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
-            lines = chunk.split("\n")[:-1]  # a last line without its newline is still being written
-            offset += sum(len(x.encode()) + 1 for x in lines)
+            lines = chunk.split(b"\n")[:-1]  # a last line without its newline is still being written
+            offset += sum(len(x) + 1 for x in lines)
             events = [json.loads(x) for x in lines if x.strip()]
             if run is None and events:
                 run = _Run(self, path, events.pop(0))
