@@ -34,7 +34,8 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
-# The MLflow UI on the project's runs (artifact locations first moved to where the repository now is).
+# The MLflow UI on the project's runs (artifact locations first moved to where the repository now is,
+# the runs still spooled by stages replayed: fedpipe.tracking.sync).
 # Options for `mlflow ui`: make ui UI_ARGS="--port 5001"
 ui: $(STAMP)
 	$(BIN)/python -m fedpipe.tracking.ui $(UI_ARGS)

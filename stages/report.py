@@ -8,7 +8,8 @@ data/evaluate/metrics.json and data/evaluate/seeds.json.
 Writes data/report/ (report.md, claims.md, fid_curves.png, metrics.json, claims.json); logs the
 summaries, each claim's verdict (claims/<key>/held, mean_diff, se, p_holm) and the files to MLflow,
 and the claims table (claims.md), the claim counts (claims.held, ...) and the FINISHED status to the
-study's parent run (artifact claims/claims.md).
+study's parent run (artifact claims/claims.md). Then replays every spooled run of the study into
+MLflow (fedpipe.tracking.sync): stages spool their runs and never import MLflow themselves.
 """
 
 from fedpipe.claims import summary as claims_summary
@@ -18,6 +19,7 @@ from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.pipeline.report import REPORT_DIR, build_report
 from fedpipe.tracking import stage_run
+from fedpipe.tracking.sync import sync_pending
 
 
 def main() -> None:
@@ -40,6 +42,7 @@ def main() -> None:
         run.log_parent_artifact(REPORT_DIR / "claims.md", "claims")  # the study's claims table
         run.log_parent_metrics({f"claims.{k}": v for k, v in claims_summary(out.claims).items()})
         run.finish_parent()  # the last stage: the pipeline execution ended well
+    sync_pending()  # the study's spooled runs into MLflow: the one process of a study that imports it
     print(out.text)
 
 

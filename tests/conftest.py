@@ -23,6 +23,20 @@ def repo_root() -> Path:
     return REPO
 
 
+@pytest.fixture
+def tracked(tmp_path, monkeypatch) -> tuple[Path, str]:
+    """Tracking on, into a database of its own in tmp_path (the working directory, with a
+    params.yaml); no follower unless a test asks for one. Returns (tmp_path, tracking URI)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("FEDPIPE_TRACKING", "on")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DVC_EXP_NAME", "")
+    monkeypatch.setenv("FEDPIPE_TRACKING_FOLLOW", "off")
+    return tmp_path, uri
+
+
 # The end-to-end DVC files run longest (minutes, one stage after another). Under `make test` each
 # file goes to one test process (`--dist loadfile`) in collection order: collected first, they run
 # beside all the other files instead of after them, on a process left alone at the end.
@@ -36,10 +50,3 @@ def pytest_collection_modifyitems(config, items):
 
     items.sort(key=rank)  # stable: the order within each file is kept
 
-
-def pytest_sessionfinish(session, exitstatus):
-    """No warm-start server (`fedpipe.launch`, started by the DVC tests' stages) outlives the run."""
-    if not hasattr(session.config, "workerinput"):  # the controller, or a run without xdist
-        from fedpipe.launch import stop_servers
-
-        stop_servers()

@@ -40,8 +40,7 @@ def stage_bodies(dvc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def stage_scripts(cmd: str | Sequence[str]) -> list[str]:
-    """Paths of the Python scripts that ``cmd`` runs (``python[3] [opts] path/x.py args``, or
-    ``python -m fedpipe.launch path/x.py args``)."""
+    """Paths of the Python scripts that ``cmd`` runs (``python[3] [opts] path/x.py args``)."""
     scripts = []
     for line in [cmd] if isinstance(cmd, str) else cmd:
         for part in re.split(r"&&|\|\||;|\|", line):
@@ -49,8 +48,6 @@ def stage_scripts(cmd: str | Sequence[str]) -> list[str]:
             for i, tok in enumerate(tokens):
                 if re.fullmatch(r"(\S*/)?python[0-9.]*", tok):
                     rest = [t for t in tokens[i + 1:] if not t.startswith("-")]
-                    if rest[:1] == ["fedpipe.launch"]:  # python -m fedpipe.launch <script> (warm start)
-                        rest = rest[1:]
                     if rest and rest[0].endswith(".py"):
                         scripts.append(rest[0])
     return scripts
@@ -160,8 +157,7 @@ def test_every_stage_in_dvc_yaml_has_a_code_file(repo_code) -> None:
 def test_src_has_no_dynamic_import() -> None:
     """The walk sees static imports only: no module of src/ imports by name at run time."""
     found = [p.relative_to(REPO).as_posix() for p in SRC.rglob("*.py")
-             if p.name != "launch.py"  # preloads modules for the stages it starts; runs no stage code
-             and re.search(r"\bimport_module\(|\b__import__\(", p.read_text())]
+             if re.search(r"\bimport_module\(|\b__import__\(", p.read_text())]
     assert not found, f"dynamic imports, invisible to fedpipe.pipeline.code: {found}"
 
 
@@ -277,7 +273,7 @@ def test_stage_bodies_and_scripts() -> None:
         "a": {"cmd": "python stages/a.py", "deps": ["stages/a.py"]},
         "b": {"foreach": [1, 2], "do": {"cmd": "python3 -u stages/b.py ${item}", "deps": []}},
         "c": {"matrix": {"x": [1]}, "cmd": ["mkdir -p out && python stages/c.py ${item.x}"], "deps": []},
-        "d": {"cmd": "python -m fedpipe.launch stages/d.py", "deps": []},
+        "d": {"cmd": "python -u stages/d.py", "deps": []},
         "e": {"cmd": "python -m other.module stages/e.py", "deps": []},
     }}
     bodies = stage_bodies(dvc)

@@ -1,5 +1,6 @@
-"""MLflow lineage as a user sees it: run names, params to group by, round as the step, one parent run
-per pipeline execution, the experiment marked as model training; and the UI's REST API finds them."""
+"""MLflow lineage as a user sees it once the stages' spooled runs are replayed (fedpipe.tracking.sync):
+run names, params to group by, round as the step, one parent run per pipeline execution, the
+experiment marked as model training; and the UI's REST API finds them."""
 
 import json
 import os
@@ -13,17 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedpipe.tracking import stage_item, stage_run
-
-
-@pytest.fixture
-def tracked(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text("seed: 0\n")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("FEDPIPE_TRACKING", "on")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("DVC_EXP_NAME", "")
-    return tmp_path, uri
+from fedpipe.tracking.sync import sync_pending
 
 
 def test_stage_item_reads_matrix_stage_names():
@@ -41,6 +32,7 @@ def log_two_stages(tmp_path: Path) -> None:
         run.log_artifact(tmp_path / "curve.png", "plots")
     with stage_run("evaluate", {"study": {"seeds": [1]}}, 0):
         pass
+    assert sync_pending() == 2
 
 
 def test_per_client_values_are_one_metric_stepped_by_client(tracked):
@@ -49,6 +41,7 @@ def test_per_client_values_are_one_metric_stepped_by_client(tracked):
 
     with stage_run("warmup", {"seed": 0}, 0) as run:
         run.log_per_client("client_final_loss", {2: 0.25, 0: 1.0, 1: 0.5})
+    sync_pending()
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("fedpipe")
     (r,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name.startswith("warmup")]
@@ -82,6 +75,7 @@ def test_runs_are_named_grouped_and_stepped(tracked):
     (tmp_path / "params.yaml").write_text("seed: 1\n")
     with stage_run("plan", {}, 1):
         pass
+    sync_pending()
     (plan,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'plan · workspace'")
     assert plan.data.tags["mlflow.parentRunId"] != parent
 
@@ -109,10 +103,13 @@ def test_the_ui_of_a_moved_repository_finds_runs_by_name_with_history_and_artifa
         repo, tmp_path, monkeypatch):
     """Runs logged in one place; the repository copied elsewhere and the original deleted; the
     documented UI command (`python -m fedpipe.tracking.ui`, `make ui`) started in the copy serves
-    the runs, their history and their artifacts through its REST API."""
+    the runs, their history and their artifacts through its REST API; a run still spooled (no
+    report stage replayed it) is replayed by the UI command before the UI opens."""
     log_two_stages(repo)
     new = tmp_path / "moved"
     move(repo, new, monkeypatch)
+    with stage_run("plan", {}, 0) as run:  # spooled in the new place, not replayed
+        run.log_metrics({"late": 1.0})
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "fedpipe.tracking.ui", "--host", "127.0.0.1",
                                "--port", str(port), "--workers", "1"],
@@ -141,11 +138,16 @@ def test_the_ui_of_a_moved_repository_finds_runs_by_name_with_history_and_artifa
         arts = api(port, f"artifacts/list?run_id={run_id}&path=plots")["files"]
         assert [a["path"] for a in arts] == ["plots/curve.png"]
         assert get(port, f"get-artifact?path=plots/curve.png&run_uuid={run_id}") == b"png"
+        (late,) = api(port, "runs/search", {"experiment_ids": [exp["experiment_id"]],
+                                            "filter": "attributes.run_name = 'plan · workspace'"})["runs"]
+        assert [m["value"] for m in late["data"]["metrics"]] == [1.0]
     finally:
         server.terminate()
         out, _ = server.communicate(timeout=30)
     # the fedprox and evaluate runs and their parent run
     assert f": artifact locations moved from {repo} to {new} (3 runs)" in out, out
+    assert "synced 1 spooled run(s)" in out, out
+    assert not list((new / "mlspool").glob("*.jsonl"))
     assert not repo.exists()
 
 
@@ -240,6 +242,7 @@ def test_a_moved_repository_logs_into_its_new_place_and_finds_its_old_artifacts(
     with stage_run("federate@fedavg-0", {"seed": 0}, 0) as run:  # a stage of the moved copy
         (new / "late.png").write_bytes(b"late")
         run.log_artifact(new / "late.png", "plots")
+    sync_pending()
     assert not repo.exists()  # nothing recreated at the old place
     client = MlflowClient(tracking_uri=f"sqlite:///{new / 'mlflow.db'}")
     exp = client.get_experiment_by_name("fedpipe")
@@ -323,11 +326,13 @@ def test_the_claims_table_is_an_artifact_of_the_parent_run(tracked):
     (tmp_path / "claims.md").write_text("# Study s: claims\n| claim | verdict |\n")
     with stage_run("report", {"study": {"seeds": [0, 1, 2]}}, 0) as run:
         run.log_parent_artifact(tmp_path / "claims.md", "claims")
-        report_id, parent_id = run.run_id, run.parent_run_id
+    sync_pending()
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("fedpipe")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    assert parent_id == runs["pipeline · workspace"].info.run_id != report_id
+    report_id = runs["report · workspace"].info.run_id
+    parent_id = runs["pipeline · workspace"].info.run_id
+    assert runs["report · workspace"].data.tags["mlflow.parentRunId"] == parent_id
     assert [a.path for a in client.list_artifacts(parent_id, "claims")] == ["claims/claims.md"]
     assert client.list_artifacts(report_id, "claims") == []
     got = client.download_artifacts(parent_id, "claims/claims.md", str(tmp_path / "dl"))
@@ -347,6 +352,7 @@ def test_the_parent_run_is_the_study_with_its_params_claims_and_how_it_ended(tra
     with pytest.raises(RuntimeError):
         with stage_run("federate@fedavg-0", {"fl": {"rounds": 3}}, 0):
             raise RuntimeError("a stage fails")
+    # no sync here: the failing stage replayed its run (and the parent's status) on its way out
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("fedpipe")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
@@ -361,6 +367,7 @@ def test_the_parent_run_is_the_study_with_its_params_claims_and_how_it_ended(tra
     with stage_run("report", {"study": {"seeds": [0]}}, 0) as run:
         run.log_parent_metrics({"claims.held": 2, "claims.not_shown": 1})
         run.finish_parent()
+    sync_pending()
     parent = client.get_run(parent.info.run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics == {"claims.held": 2.0, "claims.not_shown": 1.0}
@@ -374,6 +381,7 @@ def test_make_ui_prints_the_runs_table_of_the_projects_experiment(tracked):
     assert runs_table_url(uri, []) is None  # nothing logged yet
     with stage_run("plan", {}, 0):
         pass
+    sync_pending()
     from mlflow.tracking import MlflowClient
 
     exp_id = MlflowClient(tracking_uri=uri).get_experiment_by_name("fedpipe").experiment_id

@@ -1,32 +1,45 @@
-"""MLflow lineage for stage runs.
+"""MLflow lineage for stage runs, spooled: a stage never imports MLflow.
 
-Embedded by default (``mlflow.db`` in the repo root, also for a queued ``dvc exp`` that runs in a
-temporary copy of the repo; first writes to a new database are serialised by a file lock, so
-experiments started together do not race on its schema); ``MLFLOW_TRACKING_URI`` points at a team
-server instead; ``FEDPIPE_TRACKING=off`` disables logging (tests use a temporary URI instead).
-Each run records: git commit and dirty flag, DVC stage name, DVC experiment name and baseline (when
-run by ``dvc exp run``), the hashes of its input and output files, the resolved params and the seed,
-and the torch thread count and worker processes it ran with (results are bit-identical only for the
-same thread count).
+:func:`stage_run` appends the run's events (start: stage, params, tags and the pipeline's parent
+run; metrics per round and final; tags; artifacts, copied; the end status) to an append-only JSONL
+spool file, one per stage execution, in ``mlspool/`` beside the tracking database;
+:mod:`fedpipe.tracking.sync` replays them into MLflow. Why: importing MLflow and setting up its SQL
+store costs a stage about 3 s (docs/architecture.md, "Tracking"), more than a smoke stage computes,
+and a study has about a hundred stages; spooled, one process per study pays it (the ``report``
+stage syncs everything pending at its end). A stage that fails syncs on its way out, so its run and
+its parent's FAILED status show; a stage that runs longer than ``FEDPIPE_TRACKING_FOLLOW`` seconds
+(default 20) starts one detached follower that replays its file live; ``make ui`` syncs what is
+pending before it opens the UI.
+
+The database is embedded by default (``mlflow.db`` in the repo root, also for a queued ``dvc exp``
+that runs in a temporary copy of the repo, whose spool is the project's too; first writes to a new
+database are serialised by a file lock, so syncs started together do not race on its schema);
+``MLFLOW_TRACKING_URI`` points at a team server instead; ``FEDPIPE_TRACKING=off`` disables logging
+(tests use a temporary URI instead). Each run records: git commit and dirty flag, DVC stage name,
+DVC experiment name and baseline (when run by ``dvc exp run``), the hashes of its input and output
+files, the resolved params and the seed, and the torch thread count and worker processes it ran
+with (results are bit-identical only for the same thread count).
 
 In the UI: the experiment is marked as model training (``mlflow.experimentKind``), so it opens on the
 runs table. A run is named ``<stage> · <experiment>`` (``federate@fedprox-0 · workspace``, or the DVC
 experiment's name) and has ``algorithm`` and ``run_seed`` params where the stage has them, so the
 compare view can group by them. The runs of one pipeline execution (same commit, same params.yaml,
-same DVC experiment) hang under one parent run named ``pipeline · <experiment>``. Per-round records
+same DVC experiment) hang under one parent run named ``<study> · <experiment>``. Per-round records
 use the round as MLflow's step.
 
 Artifacts of a local database live beside it, in ``mlruns/``; the stored locations follow the
 repository when it is moved or copied (:mod:`fedpipe.tracking.locations`): they are rewritten to the
-current root before a stage logs and before the UI starts (``python -m fedpipe.tracking.ui``).
+current root before a sync replays and before the UI starts (``python -m fedpipe.tracking.ui``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -128,20 +141,83 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class StageRun:
-    """Handle passed to a stage: log metrics, files and tags (no-ops when tracking is off)."""
+SPOOL_DIR = "mlspool"  # beside the tracking database: one <id>.jsonl (+ <id>.files/) per stage execution
+FOLLOW_ENV = "FEDPIPE_TRACKING_FOLLOW"  # seconds a stage runs before a follower syncs it live
+FOLLOW_AFTER = 20.0  # default: a smoke stage (seconds) never starts one, a real training run does
 
-    def __init__(self, active: bool):
-        self.active = active
-        self.run_id: str | None = None
-        self.parent_run_id: str | None = None  # the pipeline execution's run (None: no params.yaml)
+
+def spool_dir(uri: str | None = None) -> Path:
+    """Where stages spool their runs for ``uri``: ``mlspool/`` beside a local database (for a queued
+    experiment too: its database is the project's), else beside the project (a team server)."""
+    from fedpipe.tracking.locations import sqlite_path
+
+    uri = tracking_uri() if uri is None else uri
+    db = sqlite_path(uri)
+    return (db.resolve().parent if db is not None else repo_root()) / SPOOL_DIR
+
+
+def follow_after() -> float | None:
+    """``FEDPIPE_TRACKING_FOLLOW``: seconds (>= 0) after which a running stage starts its follower
+    (default 20); ``off``: never. Anything else is a ConfigError naming the variable."""
+    raw = os.environ.get(FOLLOW_ENV, "").strip().lower()
+    if not raw:
+        return FOLLOW_AFTER
+    if raw in ("off", "never"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        from fedpipe.config.core import ConfigError
+
+        raise ConfigError(FOLLOW_ENV, raw, "seconds >= 0 after which a stage's runs sync live, "
+                          "or off")
+    return value
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StageRun:
+    """Handle passed to a stage: log metrics, files and tags (no-ops when tracking is off).
+
+    Nothing here talks to MLflow: each call appends one event to the stage's spool file
+    (``<spool>/<id>.jsonl``; files logged are copied into ``<id>.files/``), which
+    :mod:`fedpipe.tracking.sync` replays into MLflow."""
+
+    def __init__(self, active: bool, path: Path | None = None):
+        self.active = active and path is not None
+        self.path = path  # the spool file (None: tracking off)
+        self._file = None
+        self._artifacts = 0
+        if self.active:
+            import fcntl
+
+            new = path.with_name(path.name + ".new")  # not a spool file until it is locked
+            self._file = open(new, "a", encoding="utf-8")  # noqa: SIM115 (held for the stage's life)
+            fcntl.flock(self._file, fcntl.LOCK_EX)  # held while the stage runs: a sync sees it live
+            os.rename(new, path)
+
+    def _write(self, event: str, **fields: Any) -> None:
+        if not self.active:
+            return
+        line = json.dumps({"event": event, "t": _now_ms(), **fields}, allow_nan=True)
+        self._file.write(line + "\n")  # one write per whole line: a reader never sees half of one
+        self._file.flush()
+
+    def close(self) -> None:
+        """Release the spool file (the stage's end event written); later calls are no-ops."""
+        if self._file is not None:
+            self._file.close()  # also drops the lock
+            self._file = None
+        self.active = False
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        if self.active:
-            import mlflow
-
-            clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-            mlflow.log_metrics(clean, step=step)
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        if clean:
+            self._write("metrics", metrics=clean, step=0 if step is None else int(step))
 
     def log_round(self, record: Mapping[str, float]) -> None:
         """One round's record, with the round as the step (``round``/``clients`` are not metrics)."""
@@ -158,117 +234,180 @@ class StageRun:
         """A run's final numbers, each prefixed ``final_`` once."""
         self.log_metrics({k if k.startswith("final_") else f"final_{k}": v for k, v in metrics.items()})
 
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        if self.active:
-            import mlflow
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None,
+                     parent: bool = False) -> None:
+        """A copy of the file as it is now goes into the spool (the stage's outputs may move)."""
+        if not self.active:
+            return
+        import shutil
 
-            mlflow.log_artifact(str(path), artifact_path=artifact_path)
+        self._artifacts += 1
+        dest = self.path.with_suffix(".files") / str(self._artifacts) / Path(path).name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+        self._write("artifact", file=dest.relative_to(self.path.parent).as_posix(),
+                    artifact_path=artifact_path, parent=parent)
 
     def log_parent_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """A file of the study as a whole (the claims table) on the pipeline's parent run, where the
         runs of one execution hang; on this run when there is no parent."""
-        if not self.active:
-            return
-        import mlflow
-
-        if self.parent_run_id is None:
-            mlflow.log_artifact(str(path), artifact_path=artifact_path)
-        else:
-            mlflow.MlflowClient().log_artifact(self.parent_run_id, str(path), artifact_path)
+        self.log_artifact(path, artifact_path, parent=True)
 
     def log_parent_metrics(self, metrics: Mapping[str, float]) -> None:
         """The study's own numbers (the claims summary) on the pipeline's parent run, so that the
         runs table compares studies and experiments by them; on this run when there is no parent."""
-        if not self.active:
-            return
-        if self.parent_run_id is None:
-            self.log_metrics(metrics)
-            return
-        import mlflow
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        mlflow.MlflowClient().log_batch(self.parent_run_id, metrics=[
-            Metric(k, float(v), now, 0) for k, v in metrics.items() if isinstance(v, (int, float))])
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        if clean:
+            self._write("parent_metrics", metrics=clean)
 
     def finish_parent(self, status: str = "FINISHED") -> None:
         """Set the pipeline's parent run's status: FINISHED by the last stage (``report``), FAILED
         or KILLED by a stage that fails (:func:`stage_run`), so the runs table shows how it ended."""
-        if self.active and self.parent_run_id is not None:
-            import mlflow
-
-            mlflow.MlflowClient().set_terminated(self.parent_run_id, status)
+        self._write("parent_status", status=status)
 
     def log_tags(self, tags: Mapping[str, Any]) -> None:
         """Free-form tags, e.g. which FID extractor produced a score."""
-        if self.active:
-            import mlflow
-
-            mlflow.set_tags({k: str(v) for k, v in tags.items()})
+        self._write("tags", tags={k: str(v) for k, v in tags.items()})
 
     def log_file_hashes(self, kind: str, hashes: Mapping[str, str]) -> None:
         """Tags ``{kind}.{path}`` = md5 (``kind`` is 'input' or 'output')."""
-        if self.active:
-            import mlflow
+        self._write("tags", tags={f"{kind}.{p}": h for p, h in hashes.items()})
 
-            mlflow.set_tags({f"{kind}.{p}": h for p, h in hashes.items()})
+
+def _new_spool_file(uri: str, stage: str) -> Path:
+    """A new spool file for one execution of ``stage``; its name sorts by start time."""
+    import secrets
+
+    folder = spool_dir(uri)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}"
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in stage)
+    return folder / f"{stamp}-{safe}-{os.getpid()}-{secrets.token_hex(3)}.jsonl"
+
+
+def _start_follower(path: Path) -> None:
+    """One detached ``python -m fedpipe.tracking.sync --follow <path>``: it replays the spool file
+    and follows it to the stage's end event (per-round metrics show live in the MLflow UI)."""
+    import subprocess
+    import sys
+
+    log_file = path.with_suffix(".follow.log")
+    with open(log_file, "ab") as err:
+        subprocess.Popen([sys.executable, "-m", "fedpipe.tracking.sync", "--follow", str(path)],
+                         cwd=path.parent, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                         start_new_session=True)  # not in the stage's process group: Ctrl-C spares it
 
 
 @contextlib.contextmanager
 def stage_run(stage: str, params: Mapping[str, Any], seed: int,
               inputs: Mapping[str, str] | None = None) -> Iterator[StageRun]:
-    """An MLflow run for one DVC stage, with lineage tags and the resolved params."""
+    """The MLflow run of one DVC stage (lineage tags, the resolved params), spooled: its events go to
+    a spool file that :mod:`fedpipe.tracking.sync` replays into MLflow, so a stage never imports
+    MLflow. Who replays: the ``report`` stage at its end (everything pending), a stage that fails on
+    its way out (its run and its parent's FAILED status), a follower for a stage that runs longer
+    than ``FEDPIPE_TRACKING_FOLLOW`` seconds, and ``make ui``."""
     if not tracking_enabled():
         yield StageRun(active=False)
         return
-    import mlflow
+    import threading
 
+    follow = follow_after()  # a bad setting stops the stage before any compute
     uri = tracking_uri()
-    check_db(uri)
-    mlflow.set_tracking_uri(uri)
     sha, dirty = git_state()
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     study_params = _params_file()
-    with _db_lock(uri):  # schema creation, the experiment and the parent run: one process at a time
-        experiment = _experiment(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT), uri)
-        parent = _pipeline_parent(experiment, sha, exp_name, study_params)
     algorithm, run_seed = stage_item(stage)
     label = exp_name or "workspace"
     # every run carries what it ran on (dataset, partition, study), so runs compare across variants
     shared = {k: study_params[k] for k in ("dataset", "partition") if k in study_params}
     study_name = (study_params.get("study") or {}).get("name")
     params = {**shared, **({"study.name": study_name} if study_name else {}), **params}
-    with mlflow.start_run(run_name=f"{stage} · {label}", experiment_id=experiment) as run:
-        import torch
+    if algorithm is not None:
+        params = {**params, "algorithm": algorithm}
+    import torch
 
-        mlflow.set_tags({
-            "mlflow.source.git.commit": sha,
-            "git.dirty": str(dirty).lower(),
-            "dvc.stage": stage,
-            "dvc.exp_name": exp_name,
-            "dvc.exp_baseline": os.environ.get("DVC_EXP_BASELINE_REV", ""),
-            "seed": str(seed),
-            "torch.threads": str(torch.get_num_threads()),
-            "fedpipe.workers": os.environ.get("FEDPIPE_WORKERS", "one per core"),
-            **({"mlflow.parentRunId": parent} if parent else {}),
-        })
-        if algorithm is not None:
-            params = {**params, "algorithm": algorithm}
-        flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
-        items = sorted(flat.items())
-        for i in range(0, len(items), 100):  # MLflow's batch limit
-            mlflow.log_params(dict(items[i:i + 100]))
-        handle = StageRun(active=True)
-        handle.run_id = run.info.run_id
-        handle.parent_run_id = parent
-        if inputs:
-            handle.log_file_hashes("input", inputs)
-        try:
-            yield handle
-        except BaseException as e:  # the experiment failed here: its parent run shows it
-            handle.finish_parent("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
-            raise
+    tags = {
+        "mlflow.source.git.commit": sha,
+        "mlflow.source.name": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else stage,
+        "mlflow.source.type": "LOCAL",
+        "mlflow.user": _user(),
+        "git.dirty": str(dirty).lower(),
+        "dvc.stage": stage,
+        "dvc.exp_name": exp_name,
+        "dvc.exp_baseline": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+        "seed": str(seed),
+        "torch.threads": str(torch.get_num_threads()),
+        "fedpipe.workers": os.environ.get("FEDPIPE_WORKERS", "one per core"),
+    }
+    path = _new_spool_file(uri, stage)
+    handle = StageRun(active=True, path=path)
+    handle._write("start", uri=uri, experiment=os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT),
+                  run_name=f"{stage} · {label}", tags=tags,
+                  params={k: str(v)[:6000] for k, v in flatten(params).items()},
+                  parent=_parent_record(sha, exp_name, study_params))
+    if inputs:
+        handle.log_file_hashes("input", inputs)
+    timer = None
+    if follow is not None:
+        timer = threading.Timer(follow, _start_follower, args=(path,))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield handle
+    except BaseException as e:  # the experiment failed here: its run and its parent run show it
+        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        handle.finish_parent(status)
+        handle._write("end", status=status)
+        handle.close()
+        if timer is not None:
+            timer.cancel()
+        _sync_on_failure(uri)
+        raise
+    handle._write("end", status="FINISHED")
+    handle.close()
+    if timer is not None:
+        timer.cancel()
 
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _sync_on_failure(uri: str) -> None:
+    """A failing stage replays what is pending (its own run, its parent's FAILED status); a failure
+    of that sync is one log line, never in place of the stage's own error."""
+    try:
+        from fedpipe.tracking.sync import sync_pending
+
+        sync_pending(uri)
+    except Exception as e:  # noqa: BLE001 (the stage's own error is the one to raise)
+        log.warning("tracking: the failed stage's runs stay in %s (%s: %s); "
+                    "`python -m fedpipe.tracking.sync` replays them", spool_dir(uri),
+                    type(e).__name__, e)
+
+
+def _parent_record(sha: str, exp_name: str, study_params: Mapping[str, Any]) -> dict | None:
+    """The parent run of this pipeline execution (commit, params.yaml, DVC experiment): its key,
+    name ``<study> · <experiment>``, tags and the whole params.yaml as params; None when there is
+    no params.yaml. The sync creates it once (the first stage replayed) and finds it by its key."""
+    import hashlib
+
+    params_file = Path("params.yaml")
+    if not params_file.is_file():
+        return None
+    digest = hashlib.md5(params_file.read_bytes()).hexdigest()[:12]
+    key = f"{sha[:12]}-{digest}-{exp_name or 'workspace'}"
+    study = str((study_params.get("study") or {}).get("name", "pipeline"))
+    return {"key": key, "run_name": f"{study} · {exp_name or 'workspace'}",
+            "tags": {PIPELINE_TAG: key, "mlflow.source.git.commit": sha, "dvc.exp_name": exp_name,
+                     "study": study},
+            "params": {k: str(v)[:6000] for k, v in flatten(study_params).items()}}
 
 def stage_item(stage: str) -> tuple[str | None, int | None]:
     """(algorithm, training seed) of a matrix stage ``<name>@<algorithm>-<seed>``, else (None, None)."""
@@ -276,35 +415,6 @@ def stage_item(stage: str) -> tuple[str | None, int | None]:
         return None, None
     algorithm, _, seed = stage.split("@", 1)[1].rpartition("-")
     return (algorithm, int(seed)) if algorithm and seed.isdigit() else (None, None)
-
-
-def _experiment(name: str, uri: str) -> str:
-    """The experiment's id, created if needed and marked as model training for the UI. With a local
-    database, its artifacts go beside it (not into the working directory, which for a queued ``dvc
-    exp`` is a temporary copy), and stored locations from before a move are rewritten first."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    from fedpipe.tracking.locations import ROOT_TAG, artifact_root, new_experiment_location, relocate
-
-    exp = mlflow.get_experiment_by_name(name)  # creates the schema of a new database
-    root = artifact_root(uri)
-    if root is not None:
-        relocate(sqlite_db(uri))
-    if exp is None:
-        location = None if root is None else new_experiment_location(root, name)
-        try:
-            exp_id = mlflow.create_experiment(
-                name, artifact_location=location,
-                tags=None if root is None else {ROOT_TAG: root.as_posix()})
-        except MlflowException:  # created meanwhile by a stage running beside this one
-            exp_id = mlflow.get_experiment_by_name(name).experiment_id
-    else:
-        exp_id = exp.experiment_id
-    if exp is None or exp.tags.get("mlflow.experimentKind") != "custom_model_development":
-        mlflow.MlflowClient().set_experiment_tag(exp_id, "mlflow.experimentKind",
-                                                 "custom_model_development")
-    return exp_id
 
 
 def _params_file() -> dict[str, Any]:
@@ -317,33 +427,3 @@ def _params_file() -> dict[str, Any]:
         return {}
 
 
-def _pipeline_parent(experiment_id: str, sha: str, exp_name: str,
-                     study_params: Mapping[str, Any] | None = None) -> str | None:
-    """The parent run of this pipeline execution (commit, params.yaml, DVC experiment), created by
-    the first stage that logs, named ``<study> · <experiment>`` and holding the whole params.yaml as
-    its params (the runs table compares experiments on it); None when there is no params.yaml."""
-    import hashlib
-
-    import mlflow
-    from mlflow.entities import Param
-
-    params_file = Path("params.yaml")
-    if not params_file.is_file():
-        return None
-    digest = hashlib.md5(params_file.read_bytes()).hexdigest()[:12]
-    key = f"{sha[:12]}-{digest}-{exp_name or 'workspace'}"
-    client = mlflow.MlflowClient()
-    found = client.search_runs([experiment_id], filter_string=f"tags.`{PIPELINE_TAG}` = '{key}'",
-                               max_results=1)
-    if found:
-        return found[0].info.run_id
-    study_params = _params_file() if study_params is None else study_params
-    study = str((study_params.get("study") or {}).get("name", "pipeline"))
-    run = client.create_run(experiment_id, run_name=f"{study} · {exp_name or 'workspace'}",
-                            tags={PIPELINE_TAG: key, "mlflow.source.git.commit": sha,
-                                  "dvc.exp_name": exp_name, "study": study})
-    items = sorted((k, str(v)[:6000]) for k, v in flatten(study_params).items())
-    for i in range(0, len(items), 100):  # MLflow's batch limit
-        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in items[i:i + 100]])
-    client.set_terminated(run.info.run_id)  # FINISHED; FAILED while a stage fails, until a report
-    return run.info.run_id

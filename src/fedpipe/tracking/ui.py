@@ -6,7 +6,9 @@ SQLite one, else ``<repo>/mlflow.db``), the stored artifact locations are rewrit
 repository root (:func:`fedpipe.tracking.locations.relocate`), under the database's file lock, so a
 moved or copied repository still shows its runs' artifacts. Extra arguments go to ``mlflow ui``
 (``--port 5001``, ``--host 0.0.0.0``). It prints the address of the ``fedpipe`` experiment's runs
-table, since MLflow 3 opens on its GenAI home page.
+table, since MLflow 3 opens on its GenAI home page. Spooled runs that no stage replayed yet (a
+pipeline stopped before its report, a stage still running) are replayed first
+(:func:`fedpipe.tracking.sync.sync_pending`; a running stage's file is left to it).
 """
 
 from __future__ import annotations
@@ -59,8 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     if sqlite_path(uri) is None:
         sys.exit(f"error: MLFLOW_TRACKING_URI={uri} is a server: open it in a browser instead")
     uri = f"sqlite:///{sqlite_path(uri).resolve()}"
-    for line in prepare(uri):
+    for line in prepare(uri):  # before the sync, which would move them without a word
         print(line, flush=True)
+    from fedpipe.tracking.sync import sync_pending
+
+    synced = sync_pending(uri)  # the stages' spooled runs that no report stage replayed yet
+    if synced:
+        print(f"synced {synced} spooled run(s)", flush=True)
     url = runs_table_url(uri, argv)
     if url is not None:
         print(f"the project's runs: {url}", flush=True)
