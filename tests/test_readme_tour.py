@@ -7,7 +7,8 @@ command composes them too): the quick start's ``make run`` (with this test's env
 the "Running experiments" block in order, each of which must exit 0. ``dvc queue status`` is polled
 until the queue is idle, as the README says; ``<name>`` is the name of the last queued experiment.
 ``make test`` is this suite; the other make targets the README names must exist. The README's
-``dvc exp show`` recipe must fit 120 columns and show main's metrics."""
+``dvc exp show`` recipe must fit 120 columns and show main's metrics (the summary metrics are in
+git: the copy commits the ``make run`` results, as the README says to)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ def tour(tmp_path_factory) -> tuple[Path, dict]:
     # the install step (.venv/.installed) counts as done: -o keeps make from remaking it
     sh(["make", "-o", ".venv/.installed", "run"], dst, env)
     assert (dst / "data/report/report.md").is_file()
+    # as the README says of a run that changes the summary metrics: committed with dvc.lock
+    status = sh(["git", "status", "--porcelain"], dst, env).stdout
+    assert "data/evaluate/metrics.json" in status and "data/report/claims.json" in status, status
+    commit_all(dst, env, "make run")
     return dst, env
 
 
