@@ -4,6 +4,7 @@ the report's claims table, claims.md and claims.json end to end on files written
 
 import csv
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -519,6 +520,18 @@ def test_build_report_claims_table_and_json(tmp_path):
     assert "| fedprox | 80.40 ± 0.56 |" in text and "| 90.00 ± 1.00 |" in text
     assert {p.name for p in rep.plots} == {"fid_curves.png", "fid_history.csv", "report.md",
                                            "claims.md", "claims.json", "metrics.json"}
+    # the plots, embedded by their paths from report.md: the study's stages' outputs, replicate 0
+    embedded = re.findall(r"!\[[^]]+\]\(([^)]+)\)", text.split("## Plots", 1)[1])
+    assert embedded == ["../evaluate/learning_curves.png", "../evaluate/client_accuracy.png",
+                        "../evaluate/fairness_curves.png", "../partition/seed_0/heatmap.png",
+                        "../partition/seed_0/sizes.png", "fid_curves.png",
+                        "../warmup/seed_0/losses.png", "../aux_quality/seed_0/per_class.png"]
+    assert (tmp_path / "report" / embedded[5]).is_file()  # the report's own plot, written by now
+    classification = study_of(diffusion_algorithms=[], diffusion_seeds=[])
+    text = build_report(classification, "t", tmp_path / "federate_ddpm", tmp_path / "evaluate",
+                        tmp_path / "report").text
+    embedded = re.findall(r"!\[[^]]+\]\(([^)]+)\)", text.split("## Plots", 1)[1])
+    assert len(embedded) == 5 and not any("fid" in e or "warmup" in e for e in embedded)
 
 
 def test_report_with_one_seed_judges_nothing(tmp_path):

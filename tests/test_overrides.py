@@ -50,3 +50,29 @@ def test_dvcs_composition_stops_on_the_typo_with_fedpipes_line(repo_root, tmp_pa
     ok = subprocess.run([sys.executable, "-c", code, "fl.rounds=3", "+fl.extra=1"],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr  # `+key=value` keeps its Hydra meaning
+
+
+def test_dvcs_composition_loads_the_filter_of_the_no_hash_info_warning(repo_root, tmp_path):
+    """After DVC's compose_and_dump (as `dvc exp run -S` runs it, before its checkout), dvc-data's
+    checkout warning about an output that dvc.lock does not list yet is dropped (its exact call, from
+    dvc_data/index/checkout.py); another warning of the same logger, and of DVC, still shows."""
+    setup = ("import logging, sys\n"
+             "logging.basicConfig(stream=sys.stdout, format='%(levelname)s: %(message)s')\n")
+    compose = ("from dvc.utils.hydra import compose_and_dump\n"
+               f"compose_and_dump({str(tmp_path / 'p.yaml')!r}, {str(repo_root / 'conf')!r}, None, "
+               f"'config', {str(repo_root)!r}, ['fl.rounds=3'])\n")
+    emit = ("for name in ('dvc_data.index.checkout', 'dvc_data.hashfile.checkout'):\n"
+            "    log = logging.getLogger(name)\n"
+            "    log.warning(\"No file hash info found for '%s'. It won't be created.\", 'data/x')\n"
+            "    log.warning('Some other warning %s', name)\n"
+            "logging.getLogger('dvc').warning(\"No file hash info found for 'y' (not dvc-data's)\")\n")
+    proc = subprocess.run([sys.executable, "-c", setup + compose + emit], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "WARNING: Some other warning dvc_data.index.checkout",
+        "WARNING: Some other warning dvc_data.hashfile.checkout",
+        "WARNING: No file hash info found for 'y' (not dvc-data's)"]
+    # in a process that composes nothing (no plugins loaded) the same call shows
+    plain = subprocess.run([sys.executable, "-c", setup + emit], capture_output=True, text=True)
+    assert "WARNING: No file hash info found for 'data/x'. It won't be created." in plain.stdout

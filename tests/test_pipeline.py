@@ -5,6 +5,7 @@ new partition; changing one algorithm's params re-runs only its federate stage a
 MLflow lineage of the partition run is checked in the same copy."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -64,6 +65,8 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     assert all(f"{b}: skipped" in first.stdout for b in backbone)
     report = (dst / "data/report/report.md").read_text()
     assert all(f"| {a} |" in report for a in study["diffusion_algorithms"] + algos)
+    plots = re.findall(r"!\[[^]]+\]\(([^)]+)\)", report)  # embedded from report.md's folder
+    assert len(plots) == 8 and all((dst / "data/report" / p).is_file() for p in plots), plots
     aux = json.loads((dst / f"data/aux_quality/seed_{seeds[0]}/metrics.json").read_text())
     assert aux["samples"] == round(0.1 * 1347) and aux["fid_aux"] > 0
     assert len(list((dst / f"data/warmup/seed_{seeds[0]}/models").glob("client_*.safetensors"))) == 10

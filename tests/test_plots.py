@@ -73,10 +73,11 @@ def test_history_csvs_hold_evaluated_rounds_only():
 
 
 def test_learning_curves_png_is_the_mean_over_seeds():
-    rows = [["fedavg", 0, 2, 0.4, 1.0], ["fedavg", 1, 2, 0.6, 1.0], ["fedprox", 0, 2, 0.3, 1.0]]
+    rows = [["fedavg", 0, 2, 0.4, 1.0], ["fedavg", 1, 2, 0.6, 1.0], ["fedprox", 0, 2, 0.3, 1.0],
+            ["fedavg", 0, 4, 0.5, 1.0], ["fedavg", 1, 4, 0.9, 1.0], ["fedprox", 0, 4, 0.2, 1.0]]
     ax = plot_curves(rows, "t").axes[0]
     by = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
-    assert by["fedavg"] == [pytest.approx(0.5)] and by["fedprox"] == [0.3]
+    assert by["fedavg"] == [pytest.approx(0.5), pytest.approx(0.7)] and by["fedprox"] == [0.3, 0.2]
     assert ax.get_ylabel()
 
 
@@ -206,3 +207,75 @@ def test_every_vega_plot_names_its_png_and_the_page_works_offline(plots_repo, tm
     assert 'typeof window.vegaEmbed === "undefined"' in page
     assert page.index("typeof window.vegaEmbed") > page.index("cdn.jsdelivr.net")
     assert page.count("vegaEmbed('#") >= 6
+
+
+# ------------------------------------------------------- plots at any number of evaluations
+def visible_ticks(ax) -> list[float]:
+    lo, hi = ax.get_xlim()
+    return [t for t in ax.get_xticks() if lo <= t <= hi]
+
+
+def test_learning_curves_of_a_study_evaluated_once_are_bars_with_the_round_named():
+    rows = [["fedavg", 0, 15, 0.4, 1.0], ["fedavg", 1, 15, 0.6, 1.0], ["fedprox", 0, 15, 0.3, 1.0]]
+    fig = plot_curves(rows, "t", absent=["local"])
+    ax = fig.axes[0]
+    assert [p.get_height() for p in ax.patches] == [pytest.approx(0.5), pytest.approx(0.3)]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fedavg", "fedprox"]
+    assert ax.get_xlabel() == "round 15 (one evaluation)"
+    dots = [list(c.get_offsets()[:, 1]) for c in ax.collections if len(c.get_offsets())]
+    assert [0.4, 0.6] in dots and [0.3] in dots  # every seed drawn
+    assert "no global model, not drawn: local" in [t.get_text() for t in fig.texts]
+
+
+def test_learning_curves_span_the_evaluated_rounds_with_integer_ticks():
+    rows = [["fedavg", 0, r, 0.1 * r, 1.0] for r in (5, 10, 15)]
+    ax = plot_curves(rows, "t").axes[0]
+    assert ax.get_xlim() == (4.5, 15.5) and not ax.patches
+    ticks = visible_ticks(ax)
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert list(ax.get_lines()[0].get_xdata()) == [5, 10, 15]
+
+
+def test_fairness_panels_of_a_study_evaluated_once_are_not_empty():
+    from fedpipe.pipeline.evaluate import plot_fairness_curves
+
+    hist = {"fedavg": [[{"round": 15, "test_sigma_acc_global": 0.2}],
+                       [{"round": 15, "test_sigma_acc_global": 0.4}]],
+            "fedprox": [[{"round": 15, "test_sigma_acc_global": 0.1}]]}
+    sigma, nmi = plot_fairness_curves(hist, "t").axes
+    assert [p.get_height() for p in sigma.patches] == [pytest.approx(0.3), pytest.approx(0.1)]
+    assert sigma.get_xlabel() == "round 15 (one evaluation)"
+    assert [t.get_text() for t in nmi.texts] == ["no method of this study clusters its clients"]
+    # several evaluations: lines with markers (a single point without one would not show)
+    hist = {"eq": [[{"round": r, "test_sigma_acc_global": 0.1, "cluster_nmi": 0.5} for r in (1, 2)]]}
+    sigma, nmi = plot_fairness_curves(hist, "t").axes
+    assert [ln.get_marker() for ln in sigma.get_lines()] == ["o"] and nmi.get_lines()
+    assert sigma.get_xlim() == (0.5, 2.5)
+
+
+def test_run_curves_of_one_evaluation_sit_on_the_runs_round_axis():
+    hist = [{"round": r, "train_loss": 1.0 / r} for r in range(1, 15)]
+    hist.append({"round": 15, "train_loss": 0.05, "test_loss": 0.9, "test_accuracy": 0.7})
+    fig = plot_history(hist, "t")
+    for ax in fig.axes:
+        assert ax.get_xlim() == (0.5, 15.5)
+        assert all(float(t).is_integer() for t in visible_ticks(ax))
+    assert list(fig.axes[1].get_lines()[0].get_xdata()) == [15]
+    # no global model (Local): the clients' own models on the right, no test loss on the left
+    hist = [{"round": 1, "train_loss": 1.0, "test_personal_mean": 0.6}]
+    fig = plot_history(hist, "t", "test_personal_mean", "own models")
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["train loss (clients)"]
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [0.6]
+
+
+@pytest.mark.parametrize("clients", [2, 12, 50])
+def test_sizes_png_has_integer_client_ticks(clients):
+    sizes = np.arange(1, clients + 1) * 10
+    fig = plot_sizes(sizes, "t", emd=np.linspace(0, 1, clients))
+    for ax in fig.axes:
+        ticks = visible_ticks(ax)
+        assert all(float(t).is_integer() for t in ticks) and ticks[0] >= 0
+        assert ticks[-1] <= clients - 1
+        if clients <= 30:
+            assert ticks == list(range(clients))
+    assert [p.get_height() for p in fig.axes[0].patches] == list(sizes)

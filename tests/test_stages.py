@@ -137,3 +137,48 @@ def test_evaluate_over_seeds_with_generic_and_personalized_columns(tmp_path):
     final = read_json(tmp_path / "fed" / "fedper" / "seed_3" / "metrics.json")
     assert abs(final["test_accuracy"] - seeds["fedper"]["3"]["test_accuracy"]) < 1e-12
     assert abs(final["personal_acc_mean"] - seeds["fedper"]["3"]["personal_acc_mean"]) < 1e-12
+
+
+def test_local_has_no_global_model_metrics_anywhere(tmp_path):
+    """Local (every module personal) has no global model: its run's metrics.json, the evaluate
+    stage's seeds/metrics JSON, history.csv, clients.csv and comparison table show the global
+    model's metrics as absent, never as the untrained server model's numbers; its own models' are
+    there. FedAvg beside it keeps every column. One evaluation (eval_every = rounds)."""
+    import csv
+
+    from fedpipe.config import partition_stage_config
+    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.io import read_json
+    from fedpipe.pipeline.evaluate import evaluate_study
+    from fedpipe.pipeline.federate import federate
+    from fedpipe.pipeline.inputs import partition_file
+
+    p = params_with(**{"fl/rounds": 2, "fl/eval_every": 2, "fl/local/epochs": 1,
+                       "study/algorithms": ["fedavg", "local"], "study/seeds": [0]})
+    parts = tmp_path / "partition"
+    partition_and_write(partition_stage_config(p, 0), parts / "seed_0")
+    cfgs = [train_config(p, a, 0) for a in ("fedavg", "local")]
+    for cfg in cfgs:
+        federate(cfg, tmp_path / "fed", partition_file(0, parts), progress=False)
+    run = read_json(tmp_path / "fed" / "local" / "seed_0" / "metrics.json")
+    assert "test_accuracy" not in run and "best_test_accuracy" not in run
+    assert 0 < run["personal_acc_mean"] <= 1 and run["rounds"] == 2
+    assert "test_accuracy" in read_json(tmp_path / "fed" / "fedavg" / "seed_0" / "metrics.json")
+    out = evaluate_study(cfgs, tmp_path / "fed", parts, tmp_path / "eval")
+    generic = ("test_accuracy", "test_accuracy_last5", "test_loss", "client_acc_mean",
+               "client_acc_std", "sigma_acc_global", "sigma_acc_std")
+    local = read_json(tmp_path / "eval" / "seeds.json")["local"]["0"]
+    assert not set(generic) & set(local) and not set(generic) & set(out.metrics["local"])
+    assert 0 < local["personal_acc_mean"] <= 1 and "pm_v_mean" in local
+    assert set(generic) <= set(out.metrics["fedavg"])
+    row = next(line for line in out.table.splitlines() if line.startswith("| local |"))
+    head = next(line for line in out.table.splitlines() if line.startswith("| algorithm |"))
+    cells = dict(zip(head.split("|")[2:-1], row.split("|")[2:-1], strict=True))
+    assert cells[" global acc "].strip() == "–" and cells[" client mean "].strip() == "–"
+    assert cells[" personal mean "].strip() != "–"
+    with open(tmp_path / "eval" / "history.csv") as f:
+        hist = list(csv.DictReader(f))
+    assert {h["algorithm"] for h in hist} == {"fedavg"} and [h["round"] for h in hist] == ["2"]
+    with open(tmp_path / "eval" / "clients.csv") as f:
+        clients = [r for r in csv.DictReader(f) if r["algorithm"] == "local"]
+    assert clients and all(r["accuracy"] == "" and r["personal_accuracy"] != "" for r in clients)

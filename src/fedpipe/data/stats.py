@@ -112,6 +112,7 @@ def plot_sizes(sizes: np.ndarray, title: str, emd: np.ndarray | None = None):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = 1 if emd is None else 2
     fig, axes = plt.subplots(rows, 1, figsize=(min(3 + 0.3 * len(sizes), 16), 3.5 * rows),
@@ -128,5 +129,11 @@ def plot_sizes(sizes: np.ndarray, title: str, emd: np.ndarray | None = None):
         ax.bar(np.arange(len(emd)), emd, color="tab:orange")
         ax.set_xlabel("client")
         ax.set_ylabel("label skew (EMD to global)")
+    for ax in axes[:, 0]:  # client ids: every one up to 30 clients, else integer steps
+        if len(sizes) <= 30:
+            ax.set_xticks(range(len(sizes)))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(-0.6, len(sizes) - 0.4)
     fig.tight_layout()
     return fig

@@ -187,6 +187,14 @@ class Strategy:
         loads; a setting is never clamped)."""
 
     @classmethod
+    def has_global_model(cls) -> bool:
+        """Whether the server's model is trained, so that the global model's metrics mean
+        something: not for a method whose every module is personal (``personal_modules``
+        holding ``""``: Local), whose server model stays the initial one. The pipeline then
+        reports the global model's metrics as absent (docs/papers/baselines.md)."""
+        return "" not in cls.personal_modules
+
+    @classmethod
     def adapt_model(cls, model: nn.Module, cfg: Any) -> nn.Module:
         """The network this method trains, made from the study's model (config ``cfg``): the model
         itself by default; FedNH swaps the head for prototypes, FedProto adds a distance head. The

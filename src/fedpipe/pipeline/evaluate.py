@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedpipe.algorithms import ALGORITHMS
 from fedpipe.data import load_dataset
 from fedpipe.data.corruptions import corrupted_test_sets
 from fedpipe.errors import InputError
@@ -40,7 +41,7 @@ from fedpipe.pipeline.common import (
     load_partition,
     make_model,
 )
-from fedpipe.pipeline.federate import load_personal, run_dir
+from fedpipe.pipeline.federate import load_personal, round_axis, run_dir
 from fedpipe.pipeline.inputs import partition_file
 from fedpipe.tasks import ClassificationTask
 
@@ -107,7 +108,8 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
                 cell = f"**{cell}**"
             cells.append(cell)
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
-    lines += ["", f"Accuracies in %, mean ± sample std over {seeds} training seed(s). Client "
+    lines += ["", f"Accuracies in %, mean ± sample std over {seeds} training seed(s); – : the "
+              "method has no such model or metric (Local has no global model). Client "
               "statistics are over each client's local test split (drawn from the official test set "
               "with the client's label distribution); σ_acc is their standard deviation, worst 10% the "
               "mean of the lowest tenth. Generic columns evaluate the global model; personalized ones "
@@ -150,41 +152,73 @@ def history_means(history: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def draw_rounds(ax, points: dict[str, dict[float, list[float]]], ylabel: str, empty: str) -> bool:
+    """Draw a per-round metric, ``points`` = {algorithm: {round: values over seeds}}, on ``ax``: a
+    line with markers per algorithm (the mean over seeds) on an axis of integer rounds; when the
+    study evaluated one round only, a bar per algorithm (the mean, the sample std as an error bar,
+    each seed as a dot) with the round named below; when no algorithm has the metric, the axes
+    say ``empty``. True when lines were drawn (a legend is due)."""
+    points = {a: p for a, p in points.items() if p}
+    ax.set_ylabel(ylabel)
+    if not points:
+        ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", wrap=True)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return False
+    rounds = sorted({r for p in points.values() for r in p})
+    if len(rounds) == 1:
+        names = list(points)
+        values = [points[a][rounds[0]] for a in names]
+        x = np.arange(len(names))
+        ax.bar(x, [float(np.mean(v)) for v in values], color="tab:blue", alpha=0.6,
+               yerr=[float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for v in values], capsize=3)
+        for i, v in enumerate(values):
+            ax.scatter(np.full(len(v), x[i]), v, s=10, color="k", zorder=3)
+        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+        ax.set_xlabel(f"round {int(rounds[0])} (one evaluation)")
+        return False
+    markers, styles = ["o", "s", "^", "v", "P", "X", "<", ">"], ["-", "--", "-.", ":"]
+    for i, (algo, pts) in enumerate(points.items()):
+        r = sorted(pts)
+        ax.plot(r, [float(np.mean(pts[k])) for k in r], marker=markers[i % len(markers)],
+                linestyle=styles[i % len(styles)], markersize=4,
+                markerfacecolor="none" if i % 2 else None, label=algo)
+    round_axis(ax, rounds[0], rounds[-1])
+    ax.set_xlabel("round")
+    return True
+
+
+def round_points(runs: list[list[dict[str, float]]], col: str) -> dict[float, list[float]]:
+    """{round: the finite values of ``col`` in that round over the runs (seeds)}."""
+    pts: dict[float, list[float]] = {}
+    for hist in runs:
+        for h in hist:
+            if col in h and np.isfinite(h[col]):
+                pts.setdefault(h["round"], []).append(h[col])
+    return pts
+
+
 def plot_fairness_curves(histories: dict[str, list[list[dict[str, float]]]], title: str):
     """σ_acc (global reading) of the global model per round, and the clustering NMI per round
-    (methods that cluster), each the mean over the seeds."""
+    (methods that cluster), each the mean over the seeds (:func:`draw_rounds`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-
-    def mean_curve(runs, col):
-        pts: dict[float, list[float]] = {}
-        for hist in runs:
-            for h in hist:
-                if col in h and np.isfinite(h[col]):
-                    pts.setdefault(h["round"], []).append(h[col])
-        r = sorted(pts)
-        return r, [float(np.mean(pts[x])) for x in r]
-
-    for algo, runs in histories.items():
-        r, v = mean_curve(runs, "test_sigma_acc_global")
-        if r:
-            axes[0].plot(r, v, label=algo)
-        r, v = mean_curve(runs, "cluster_nmi")
-        if r:
-            axes[1].plot(r, v, marker=".", label=algo)
-    axes[0].set_xlabel("round")
-    axes[0].set_ylabel("σ_acc (global reading)")
-    axes[0].legend(fontsize=7)
-    axes[1].set_xlabel("round")
-    axes[1].set_ylabel("clustering NMI vs planted groups")
-    axes[1].set_ylim(-0.05, 1.05)
-    if axes[1].lines:
-        axes[1].legend(fontsize=7)
+    panels = [("test_sigma_acc_global", "σ_acc (global reading)",
+               "no global model evaluated on the clients' splits"),
+              ("cluster_nmi", "clustering NMI vs planted groups",
+               "no method of this study clusters its clients")]
+    for ax, (col, label, empty) in zip(axes, panels, strict=True):
+        points = {algo: round_points(runs, col) for algo, runs in histories.items()}
+        if draw_rounds(ax, points, label, empty):
+            ax.legend(fontsize=7)
+    if axes[1].patches or axes[1].lines:
+        axes[1].set_ylim(-0.05, 1.05)
     fig.suptitle(title)
+    fig.tight_layout()
     return fig
 
 
@@ -198,31 +232,26 @@ def history_rows(algorithm: str, seed: int, history: list[dict[str, float]]) -> 
             for h in history if "test_accuracy" in h]
 
 
-def plot_curves(rows: list[list], title: str):
+def plot_curves(rows: list[list], title: str, absent: list[str] | None = None):
     """Global test accuracy per evaluated round, mean over seeds, one line per algorithm (the rows
-    of :func:`history_rows`; the PNG twin of DVC's plot of ``history.csv``)."""
+    of :func:`history_rows`; the PNG twin of DVC's plot of ``history.csv``), or a bar per algorithm
+    when the study evaluated once (:func:`draw_rounds`). ``absent``: the study's algorithms without
+    a global model, named under the plot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    by_algo: dict[str, dict[int, list[float]]] = {}
+    points: dict[str, dict[float, list[float]]] = {}
     for algo, _, rnd, acc, _ in rows:
-        by_algo.setdefault(algo, {}).setdefault(rnd, []).append(acc)
+        points.setdefault(algo, {}).setdefault(rnd, []).append(acc)
     fig, ax = plt.subplots(figsize=(7.5, 3.5))
-    markers, styles = ["o", "s", "^", "v", "P", "X", "<", ">"], ["-", "--", "-.", ":"]
-    for i, (algo, pts) in enumerate(by_algo.items()):
-        r = sorted(pts)
-        ax.plot(r, [float(np.mean(pts[k])) for k in r], marker=markers[i % len(markers)],
-                linestyle=styles[i % len(styles)], markersize=4,
-                markerfacecolor="none" if i % 2 else None, label=algo)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("global test accuracy (mean over seeds)")
+    if draw_rounds(ax, points, "global test accuracy (mean over seeds)", "no global model to plot"):
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.tight_layout()
+    if absent:
+        fig.text(0.01, 0.01, "no global model, not drawn: " + ", ".join(absent), fontsize=7)
+    fig.tight_layout(rect=(0, 0.04 if absent else 0, 1, 1))
     return fig
 
 
@@ -284,20 +313,24 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
     """Metrics of one run (algorithm, seed): generic (the global model on the global test set and on
     each client's local test split) and, for a method with personal models, personalized (each
     client's own model on its split, and FedNH's PM(V) / PM(L): its model on the global test set
-    weighted by the classes it owns / its label distribution; spec 004 §3)."""
+    weighted by the classes it owns / its label distribution; spec 004 §3). A method without a
+    global model (Local) has no generic metrics: they are absent, and ``generic`` is None."""
     model = make_model(cfg, ds)
     weights = load_tensors(run / "model.safetensors", stage_of(cfg))
     model.load_state_dict(weights)
-    glob = task.evaluate(model, ds.test.x, ds.test.y)
-    generic = per_client_accuracy(model, local_tests, task, cfg.seed)
     history = read_table(run / "history.csv", stage_of(cfg))
-    m = {"test_accuracy": glob["accuracy"], "test_accuracy_last5": last_rounds_accuracy(history),
-         "test_loss": glob["loss"],
-         **client_accuracy_summary(generic), "final_train_loss": history[-1]["train_loss"],
-         "sigma_acc_global": sigma_acc(generic, glob["accuracy"]),
-         "sigma_acc_std": sigma_acc(generic, reading="std"), **history_means(history),
-         "trainable_share": trainable_share(model)}
-    if corrupted:
+    generic, m = None, {}
+    if ALGORITHMS[cfg.algorithm].has_global_model():
+        glob = task.evaluate(model, ds.test.x, ds.test.y)
+        generic = per_client_accuracy(model, local_tests, task, cfg.seed)
+        m = {"test_accuracy": glob["accuracy"], "test_accuracy_last5": last_rounds_accuracy(history),
+             "test_loss": glob["loss"], **client_accuracy_summary(generic)}
+    m["final_train_loss"] = history[-1]["train_loss"]
+    if generic is not None:
+        m |= {"sigma_acc_global": sigma_acc(generic, m["test_accuracy"]),
+              "sigma_acc_std": sigma_acc(generic, reading="std")}
+    m |= {**history_means(history), "trainable_share": trainable_share(model)}
+    if corrupted and generic is not None:
         m["corrupt_accuracy"] = float(corrupted_accuracy([model], corrupted, task)[0])
     personal = load_personal(run, weights, stage_of(cfg))
     own = None
@@ -377,11 +410,12 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
         run_history = read_table(run / "history.csv", stage_of(cfg))
         all_histories.setdefault(cfg.algorithm, []).append(run_history)
         history += history_rows(cfg.algorithm, cfg.seed, run_history)
-        rows += [[cfg.algorithm, cfg.seed, i, float(a), "" if own is None else float(own[i])]
-                 for i, a in enumerate(generic)]
-        log.info("%s seed %d: global %.4f, clients %.4f +- %.4f%s", cfg.algorithm, cfg.seed,
-                 m["test_accuracy"], m["client_acc_mean"], m["client_acc_std"],
-                 "" if own is None else f", personal {m['personal_acc_mean']:.4f}")
+        rows += [[cfg.algorithm, cfg.seed, i, "" if generic is None else float(generic[i]),
+                  "" if own is None else float(own[i])] for i in range(len(shown))]
+        log.info("%s seed %d: %s", cfg.algorithm, cfg.seed, ", ".join(
+            f"{name} {m[k]:.4f}" for k, name in (("test_accuracy", "global"),
+                                                  ("client_acc_mean", "clients"),
+                                                  ("personal_acc_mean", "personal")) if k in m))
     metrics = {algo: mean_over_seeds(s) for algo, s in seeds.items()}
     title = (f"{cfgs[0].study.name}: {cfgs[0].dataset.name}, {part.meta['scheme']}, "
              f"{part.num_clients} clients")
@@ -392,7 +426,8 @@ def evaluate_study(cfgs: list[TrainConfig], federate_dir: str | Path = FEDERATE_
               rows)
     write_csv(out / "history.csv", HISTORY_COLUMNS, history)
     write_text(out / "comparison.md", table)
-    save_figure(out / "learning_curves.png", plot_curves(history, title))
+    absent = [a for a in seeds if not ALGORITHMS[a].has_global_model()]
+    save_figure(out / "learning_curves.png", plot_curves(history, title, absent))
     save_figure(out / "client_accuracy.png", plot_client_accuracy(per_client, title))
     save_figure(out / "fairness_curves.png", plot_fairness_curves(all_histories, title))
     return EvaluateOutputs(metrics, table, [out / "learning_curves.png", out / "client_accuracy.png",

@@ -130,6 +130,31 @@ def save_run(out: Path, result: RunResult, model_meta: dict) -> None:
                   [[h.get(c, "") for c in cols] for h in result.client_history])
 
 
+def final_metrics(history: list[dict[str, float]], rounds: int) -> dict[str, float]:
+    """The run's ``metrics.json``: rounds, last train loss, the global model's accuracy and loss at
+    the last evaluation and its best accuracy, and the clients' own models' mean accuracy; a metric
+    the method does not have (the global model's, for Local) is absent, never a number."""
+    final = {"rounds": rounds, "final_train_loss": history[-1]["train_loss"]}
+    evals = [h for h in history if "test_accuracy" in h]
+    if evals:
+        final |= {"test_accuracy": evals[-1]["test_accuracy"], "test_loss": evals[-1]["test_loss"],
+                  "best_test_accuracy": float(np.max([h["test_accuracy"] for h in evals]))}
+    personal = [h for h in history if "test_personal_mean" in h]
+    if personal:
+        final["personal_acc_mean"] = personal[-1]["test_personal_mean"]
+    return final
+
+
+def round_axis(ax, first: float, last: float) -> None:
+    """An x axis of rounds: integer ticks, spanning the run's rounds ``first``..``last`` (half a
+    round either side), so that a run evaluated once shows its point at its round among the run's
+    rounds, not alone on an axis of fractions around it."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlim(first - 0.5, last + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
 def plot_history(history: list[dict[str, float]], title: str, metric: str = "test_accuracy",
                  metric_label: str = "global test accuracy", loss_label: str = "cross-entropy loss"):
     """Train and test loss per round (left, y-label ``loss_label``), and the evaluated ``metric`` per
@@ -138,22 +163,23 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     r = [h["round"] for h in history]
     axes[0].plot(r, [h["train_loss"] for h in history], label="train loss (clients)")
     ev = [h for h in history if metric in h]
-    axes[0].plot([h["round"] for h in ev], [h["test_loss"] for h in ev], marker=".",
-                 label="test loss")
+    tested = [h for h in history if "test_loss" in h]  # none without a global model (Local)
+    if tested:
+        axes[0].plot([h["round"] for h in tested], [h["test_loss"] for h in tested], marker=".",
+                     label="test loss")
     axes[0].set_xlabel("round")
     axes[0].set_ylabel(loss_label)
     axes[0].legend()
-    axes[1].plot([h["round"] for h in ev], [h[metric] for h in ev], marker=".")
+    axes[1].plot([h["round"] for h in ev], [h[metric] for h in ev], marker="o", markersize=3)
     axes[1].set_xlabel("round")
     axes[1].set_ylabel(metric_label)
     for ax in axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        round_axis(ax, r[0], r[-1])
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -161,26 +187,30 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
 
 def client_evaluator(task: ClassificationTask, model_of: Callable[[Weights], torch.nn.Module],
                      test_x: torch.Tensor, test_y: torch.Tensor, local_tests: list[ClientData],
-                     seed: int) -> Callable:
+                     seed: int, global_model: bool = True) -> Callable:
     """The engine's ``evaluate(state, personal)`` for a classifier: the global model on the global
     test set and on every client's local test split (generic: accuracy, loss, and the client
     disagreement CD of Equitable-FL's eq. 9 over the local losses), and each client's own model on
-    its split (personalized); per-client vectors go to ``clients.csv``, summaries to the history."""
+    its split (personalized); per-client vectors go to ``clients.csv``, summaries to the history.
+    Without a ``global_model`` (Local: :meth:`Strategy.has_global_model`) the generic part is left
+    out, so that no record shows the untrained server model's scores as the method's."""
 
     def evaluate(state, personal) -> dict[str, Any]:
-        m = model_of(state.weights)
-        res = task.evaluate(m, test_x, test_y)
-        generic = per_client_accuracy(m, local_tests, task, seed)
-        losses = per_client_loss(m, local_tests, task, seed)
-        finite = losses[np.isfinite(losses)]
-        out: dict[str, Any] = {"loss": res["loss"], "accuracy": res["accuracy"],
-                               "client_mean": float(np.nanmean(generic)),
-                               "client_std": float(np.nanstd(generic)),
-                               "client_disagreement": client_disagreement(finite)
-                               if len(finite) > 1 else float("nan"),
-                               "sigma_acc_global": sigma_acc(generic, res["accuracy"]),
-                               "sigma_acc_std": sigma_acc(generic, reading="std"),
-                               "generic_accuracy": generic.tolist(), "generic_loss": losses.tolist()}
+        out: dict[str, Any] = {}
+        if global_model:
+            m = model_of(state.weights)
+            res = task.evaluate(m, test_x, test_y)
+            generic = per_client_accuracy(m, local_tests, task, seed)
+            losses = per_client_loss(m, local_tests, task, seed)
+            finite = losses[np.isfinite(losses)]
+            out |= {"loss": res["loss"], "accuracy": res["accuracy"],
+                    "client_mean": float(np.nanmean(generic)),
+                    "client_std": float(np.nanstd(generic)),
+                    "client_disagreement": client_disagreement(finite)
+                    if len(finite) > 1 else float("nan"),
+                    "sigma_acc_global": sigma_acc(generic, res["accuracy"]),
+                    "sigma_acc_std": sigma_acc(generic, reading="std"),
+                    "generic_accuracy": generic.tolist(), "generic_loss": losses.tolist()}
         if personal is not None:
             models = [model_of(personal[c]) if c in personal else None
                       for c in range(len(local_tests))]
@@ -292,7 +322,8 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
         sd_path = Path(server_data_dir) / f"{kind}.safetensors"
         inputs[str(sd_path)] = md5_file(sd_path)
     evaluate = client_evaluator(task, strategy.model_of, ds.test.x.to(device), ds.test.y.to(device),
-                                [c.to(device) for c in clients_of(ds, part, "test")], cfg.seed)
+                                [c.to(device) for c in clients_of(ds, part, "test")], cfg.seed,
+                                global_model=method.has_global_model())
     ckpt = checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}")
     keep_on_interrupt(f"checkpoint (every fl.checkpoint_every rounds) kept in {ckpt}")
     result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
@@ -302,16 +333,14 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
                            progress=progress)
     participant_disagreement(result.history, result.client_history)
     save_run(out, result, {"algorithm": cfg.algorithm, "model": cfg.model.name})
-    evals = [h for h in result.history if "test_accuracy" in h]
-    last_eval = evals[-1]
-    final = {"rounds": result.rounds_done, "final_train_loss": result.history[-1]["train_loss"],
-             "test_accuracy": last_eval["test_accuracy"], "test_loss": last_eval["test_loss"],
-             "best_test_accuracy": float(np.max([h["test_accuracy"] for h in evals]))}
-    if "test_personal_mean" in last_eval:
-        final["personal_acc_mean"] = last_eval["test_personal_mean"]
+    final = final_metrics(result.history, result.rounds_done)
     write_json(out / "metrics.json", final)
-    save_figure(out / "curves.png", plot_history(result.history, f"{cfg.algorithm} on {cfg.dataset.name}"))
-    log.info("%s (seed %d): %d rounds, test accuracy %.4f", cfg.algorithm, cfg.seed,
-             result.rounds_done, final["test_accuracy"])
+    metric = ("test_accuracy", "global test accuracy") if method.has_global_model() else (
+        "test_personal_mean", "clients' own models: mean local test accuracy (no global model)")
+    save_figure(out / "curves.png", plot_history(result.history, f"{cfg.algorithm} on {cfg.dataset.name}",
+                                                 *metric))
+    log.info("%s (seed %d): %d rounds, %s", cfg.algorithm, cfg.seed, result.rounds_done,
+             ", ".join(f"{k} {final[k]:.4f}" for k in ("test_accuracy", "personal_acc_mean")
+                       if k in final))
     return FederateOutputs(result, out, final, inputs,
                            {str(out / "model.safetensors"): md5_file(out / "model.safetensors")})

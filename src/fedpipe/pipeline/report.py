@@ -25,6 +25,8 @@ Sections of ``report.md``:
   contradicted / not shown / not judged / not evaluated); one summary line per paper; the facts
   (deterministic properties) in a table of their own. The same markdown alone in ``claims.md``, which
   the stage logs to the study's parent MLflow run.
+- Plots: every plot of the study's stages, embedded by its path relative to ``report.md``
+  (:func:`study_plots`).
 
 Outputs: ``report.md``, ``claims.md``, ``fid_curves.png`` (FID per round, mean over seeds, and each
 method's final FID), ``fid_history.csv`` (every run's evaluated rounds, for DVC's plots),
@@ -34,6 +36,7 @@ method's final FID), ``fid_history.csv`` (every run's evaluated rounds, for DVC'
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -383,6 +386,41 @@ def fid_history_rows(runs: dict[str, dict[int, tuple[dict, list]]]) -> list[list
             for h in hist if "test_fid" in h]
 
 
+def study_plots(study: StudyConfig, data_dir: Path) -> list[tuple[str, Path]]:
+    """(caption, path) of every plot the study's stages write (replicate ``study.seeds[0]`` where a
+    stage runs per replicate), decided by the study alone: the evaluate stage's three, the
+    partition's two, and on the diffusion track the FID curves, the warm-up losses and the
+    auxiliary set's per-class accuracy when the study runs it (the plan writes placeholders
+    otherwise, not linked)."""
+    r = study.seeds[0]
+    plots = [("global test accuracy per round", data_dir / "evaluate" / "learning_curves.png"),
+             ("each client's local test accuracy", data_dir / "evaluate" / "client_accuracy.png"),
+             ("σ_acc and clustering NMI per round", data_dir / "evaluate" / "fairness_curves.png"),
+             (f"partition: samples per client and class, replicate {r}",
+              data_dir / "partition" / f"seed_{r}" / "heatmap.png"),
+             (f"partition: client sizes and label skew, replicate {r}",
+              data_dir / "partition" / f"seed_{r}" / "sizes.png")]
+    if study.diffusion_algorithms:
+        plots.append(("FID per round", data_dir / "report" / "fid_curves.png"))
+    if study.diffusion_seeds != [] and (study.diffusion_algorithms
+                                        or study.server_data_from == "generate"):
+        plots += [(f"warm-up loss per client, replicate {r}",
+                   data_dir / "warmup" / f"seed_{r}" / "losses.png"),
+                  (f"auxiliary set: classifier accuracy per class, replicate {r}",
+                   data_dir / "aux_quality" / f"seed_{r}" / "per_class.png")]
+    return plots
+
+
+def plots_section(study: StudyConfig, out: Path, data_dir: Path) -> list[str]:
+    """The report's plots, embedded by their paths relative to ``report.md`` (``out``): each is an
+    output of the stage that draws it, in the same workspace (``dvc repro`` writes them all)."""
+    lines = ["## Plots", ""]
+    for caption, path in study_plots(study, data_dir):
+        rel = Path(os.path.relpath(path, out)).as_posix()
+        lines += [f"**{caption}** (`{rel}`)", "", f"![{caption}]({rel})", ""]
+    return lines
+
+
 def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERATE_DDPM_DIR,
                  evaluate_dir: str | Path = EVALUATE_DIR,
                  out_dir: str | Path = REPORT_DIR,
@@ -419,6 +457,7 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     results = judge_all(all_claims(study), tracks)
     table = claims_table(results, study_papers(study)) + [""]
     lines += table
+    lines += plots_section(study, out, Path(evaluate_dir).parent)
     text = "\n".join(lines)
     write_text(out / "report.md", text)
     write_text(out / "claims.md", f"# Study {study.name}: claims\n\n" + "\n".join(table))
