@@ -82,56 +82,61 @@ def clients(shape=SHAPE, sizes=(10, 14, 9, 12), labels: bool = True) -> list[Cli
     return out
 
 
-def classifier_fn(name: str):
+def classifier_fn(name: str, device: str = "cpu"):
     cfg = config(name)
 
     def make() -> torch.nn.Module:
-        with torch.random.fork_rng():  # a fixed init, the global RNG left as it was
+        with torch.random.fork_rng(devices=[]):  # a fixed init, the global RNG left as it was
             torch.manual_seed(1)
             if name.startswith("perada") or name == "fedbn":
                 base = build_model("resnet8", SHAPE, CLASSES)
             else:
                 base = build_model("mlp", SHAPE, CLASSES, hidden=16)
-            return ALGORITHMS[name].adapt_model(base, cfg)
+            return ALGORITHMS[name].adapt_model(base, cfg).to(device)
     return make
 
 
-def unet_fn():
+def unet_fn(device: str = "cpu"):
     from fedpipe.models.unet import build_unet
 
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return build_unet("digits_small", SHAPE)
+    def make() -> torch.nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return build_unet("digits_small", SHAPE).to(device)
+    return make
 
 
-def server_data(kind: str, labelled: bool) -> ServerData | None:
+def server_data(kind: str, labelled: bool, device: str = "cpu") -> ServerData | None:
     if kind == "none":
         return None
     g = torch.Generator().manual_seed(3)
     x = torch.rand(8, *SHAPE, generator=g)
     y = torch.zeros(8, dtype=torch.long) if labelled else torch.full((8,), -1, dtype=torch.long)
-    return ServerData(kind, ClientData(x, y), labelled, "test")
+    return ServerData(kind, ClientData(x, y).to(device), labelled, "test")
 
 
-def run_method(name: str, executor: str = "serial"):
+def run_method(name: str, executor: str = "serial", device: str = "cpu"):
     """Two rounds of ``name`` (three for FedPTR, whose MTT starts at round index 2), every client
-    in every round, so every client state is made."""
+    in every round, so every client state is made; model, client data and server data on
+    ``device`` (tests/test_cuda.py runs the same on CUDA)."""
     cfg = config(name)
     if name in DIFFUSION:
         from fedpipe.tasks.diffusion import DiffusionTask
 
-        task, model_fn = DiffusionTask(num_train_timesteps=20), unet_fn
+        task, model_fn = DiffusionTask(num_train_timesteps=20), unet_fn(device)
         data, labelled = clients(sizes=(4, 6, 5), labels=False), True
         score = lambda m, n, gen: float(sum(p.detach().double().sum() for p in m.parameters()))  # noqa: E731
     else:
-        task, model_fn, data, labelled, score = ClassificationTask(), classifier_fn(name), clients(), \
-            False, None
+        task, model_fn, data, labelled, score = ClassificationTask(), classifier_fn(name, device), \
+            clients(), False, None
+    data = [c.to(device) for c in data]
     strategy = ALGORITHMS[name](task, model_fn, LOCAL, cfg, num_clients=len(data))
     strategy.client_groups = (0, 0, 1, 1)[: len(data)]
     fl = FLConfig(rounds=3 if name.startswith("fedptr") else 2, participation=1.0, local=LOCAL,
                   executor=executor)
     return run_federated(strategy, model_fn(), data, fl, 7, progress=False,
-                         server_data=server_data(ALGORITHMS[name].server_data_kind(cfg), labelled),
+                         server_data=server_data(ALGORITHMS[name].server_data_kind(cfg), labelled,
+                                                 device),
                          score=score)
 
 
@@ -204,10 +209,10 @@ def test_batched_executor_is_device_clean(name):
     assert result_digests(result) == json.loads(FIXTURE.read_text())["batched"][name]
 
 
-def run_track(root: Path) -> dict[str, str]:
+def run_track(root: Path, device: str = "cpu") -> dict[str, str]:
     """The diffusion track's stages on the digits data (test_federate_ddpm's tiny settings, one
-    federated round): partition, warm-up, generation, FID extractor, FedDDPM with its FID score.
-    Returns the digests of what each wrote."""
+    federated round): partition, warm-up, generation, FID extractor, FedDDPM with its FID score,
+    with the ``device`` setting. Returns the digests of what each wrote."""
     from test_diffusion_stages import tiny_params
 
     from fedpipe.config import partition_stage_config
@@ -226,6 +231,7 @@ def run_track(root: Path) -> dict[str, str]:
         diffusion_fl={"rounds": 1, "participation": 1.0, "eval_every": 1, "checkpoint_every": 1,
                       "local": {"steps": 2, "batch_size": 32, "optimizer": "adam", "lr": 1e-3}})
     params["algorithms"]["fedddpm"] = {**params["algorithms"]["fedddpm"], "server_batch_size": 16}
+    params["device"] = device
     partition_and_write(partition_stage_config(params), root / "partition")
     part = root / "partition" / "partition.safetensors"
     cfg = diffusion_stage_config(params, "aux_quality")

@@ -1,0 +1,86 @@
+"""The study in ``params.yaml`` stage by stage, each stage timed: end-to-end wall time of the
+pipeline's own work, without DVC (for a machine where DVC is not installed, such as a lent GPU
+machine, and to time the stages apart from DVC's bookkeeping).
+
+The stage order is DVC's (dependencies first), read from an order file that
+``--write-order`` makes where DVC is installed; each stage runs as DVC runs it: its ``cmd``'s
+script in a fresh ``python`` with ``DVC_STAGE=<stage>`` in the environment (matrix stages read
+their seed and algorithm from it). The device is the study's ``device`` setting (``auto``: CUDA
+when available). Tracking is off (``FEDPIPE_TRACKING=off``) unless ``--tracking``.
+
+    python benchmarks/pipeline_stages.py --write-order data/bench/stages.txt     # where DVC is
+    python benchmarks/pipeline_stages.py --order data/bench/stages.txt --out times.json
+
+Prints one line per stage (seconds) and the total; ``--out`` writes them as JSON with the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def write_order(path: Path) -> None:
+    import networkx as nx
+    from dvc.repo import Repo
+
+    graph = Repo(".").index.graph
+    lines = [f"{s.addressing}|{s.cmd}" for s in reversed(list(nx.topological_sort(graph)))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"{len(lines)} stages -> {path}")
+
+
+def run(order: Path, out: Path | None, tracking: bool, stop: str | None) -> int:
+    import torch
+
+    env = {**os.environ}
+    if not tracking:
+        env["FEDPIPE_TRACKING"] = "off"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    times: dict[str, float] = {}
+    rc, start = 0, time.perf_counter()
+    for line in order.read_text().splitlines():
+        stage, cmd = line.split("|", 1)
+        argv = cmd.split()
+        if argv[0] == "python":
+            argv[0] = sys.executable
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, env={**env, "DVC_STAGE": stage}, capture_output=True, text=True)
+        times[stage] = round(time.perf_counter() - t0, 2)
+        print(f"{times[stage]:8.2f} s  {stage}", flush=True)
+        if proc.returncode:
+            print(f"stage {stage} failed ({proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
+            rc = proc.returncode
+            break
+        if stage == stop:
+            break
+    total = round(time.perf_counter() - start, 2)
+    print(f"{total:8.2f} s  total ({len(times)} stages, device {device})")
+    if out:
+        out.write_text(json.dumps({"device": device, "total_s": total, "stages": times,
+                                   "rc": rc}, indent=1) + "\n")
+    return rc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write-order", type=Path, help="write DVC's stage order here and stop")
+    ap.add_argument("--order", type=Path, default=Path("data/bench/stages.txt"))
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--tracking", action="store_true", help="log to MLflow as the stages do")
+    ap.add_argument("--stop-after", help="the last stage to run")
+    args = ap.parse_args()
+    if args.write_order:
+        write_order(args.write_order)
+        return 0
+    return run(args.order, args.out, args.tracking, args.stop_after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

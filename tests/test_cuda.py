@@ -1,0 +1,85 @@
+"""Every method's tiny run on CUDA (needs a GPU: skipped where ``torch.cuda.is_available()`` is
+false, as on CI; run on a GPU machine with ``pytest tests/test_cuda.py``).
+
+The CPU side of the same runs is tests/test_device_clean.py: there the harness proves that every
+tensor fedpipe makes names its device, on a CPU-only machine. Here the same runs (same methods,
+settings and data) run with the model, the client data and the server data on the GPU, still
+under :class:`device_harness.DeviceHarness`, which on two real devices also fails any op that
+mixes a CUDA tensor with a CPU one (the fault the CPU side cannot see). Each run must end with
+every tensor of the server state and of every client state on the GPU and finite, and a second
+run with the same seed must give the same digests (the device streams are seeded from the
+project's RNG streams: same params, same result, on the GPU too).
+
+CPU and GPU results are not compared number for number: on the GPU the random draws come from a
+device generator seeded from the stream (``fedpipe.device.generator_on``), so batch order and
+noise differ from the CPU's by design (docs/device.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from device_harness import DeviceHarness
+from test_device_clean import BATCHED, result_digests, run_method, run_track
+
+from fedpipe.algorithms import ALGORITHMS
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from tensors(v)
+
+
+def check_on_gpu_and_finite(result) -> None:
+    where = {"weights": result.state.weights, "extra": result.state.extra,
+             "clients": {str(k): v for k, v in result.client_states.items()}}
+    for part, obj in where.items():
+        for t in tensors(obj):
+            assert t.device.type == "cuda", f"{part}: a {tuple(t.shape)} tensor on {t.device}"
+            if t.is_floating_point():
+                assert bool(torch.isfinite(t).all()), f"{part}: a non-finite {tuple(t.shape)} tensor"
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """float32 matmuls as float32 (no TF32), so a repeat compares like with like."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_method_runs_on_cuda(name):
+    with DeviceHarness():
+        first = run_method(name, device="cuda")
+    assert first.rounds_done >= 1
+    check_on_gpu_and_finite(first)
+    again = run_method(name, device="cuda")
+    assert result_digests(again) == result_digests(first)
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_batched_executor_runs_on_cuda(name):
+    with DeviceHarness():
+        result = run_method(name, "batched", device="cuda")
+    check_on_gpu_and_finite(result)
+
+
+def test_diffusion_track_stages_run_on_cuda(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDPIPE_WORKERS", "1")
+    with DeviceHarness():
+        digests = run_track(tmp_path / "a", "cuda")
+    fid = float(digests["fedddpm_fid"])
+    assert math.isfinite(fid) and fid >= 0
+    assert run_track(tmp_path / "b", "cuda") == digests
