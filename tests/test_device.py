@@ -188,6 +188,33 @@ def test_derived_generator_is_seeded_from_the_stream_and_continues():
     assert not torch.equal(torch.randn(5, generator=d), torch.randn(5, generator=again))
 
 
+class NoWeakrefGenerator:
+    """A generator as torch before 2.15 has it: no weak reference can be made to it (the fault of
+    the first CUDA run: ``derived_generator`` kept its cache in a ``WeakKeyDictionary``)."""
+
+    __slots__ = ("gen",)
+
+    def __init__(self, gen: torch.Generator):
+        self.gen = gen
+
+    def initial_seed(self) -> int:
+        return self.gen.initial_seed()
+
+
+def test_derived_generator_where_generators_take_no_weak_reference():
+    import weakref
+
+    gen = NoWeakrefGenerator(torch_generator(0, "client-update", 2, 5))
+    with pytest.raises(TypeError):
+        weakref.ref(gen)
+    d = dev.derived_generator(gen, "cpu")
+    ref = torch.Generator().manual_seed(torch_seed(gen.initial_seed(), "device-stream"))
+    assert torch.equal(torch.randn(5, generator=d), torch.randn(5, generator=ref))
+    assert dev.derived_generator(gen, "cpu") is d  # later draws continue the stream
+    other = NoWeakrefGenerator(torch_generator(0, "client-update", 2, 5))
+    assert dev.derived_generator(other, "cpu") is not d  # a new generator: a new device stream
+
+
 @pytest.fixture
 def elsewhere(monkeypatch):
     """Every generator counts as on another device: the CUDA code path, run on the CPU."""

@@ -182,10 +182,19 @@ def test_harness_names_the_line_of_a_factory_without_device():
 
 def test_harness_refuses_an_op_that_mixes_devices():
     cpu = torch.ones(2)
-    with DeviceHarness(), pytest.raises(DeviceFault, match="mixes devices"):
-        torch.add(cpu, torch.ones(2, device="meta"))
+    with DeviceHarness(), pytest.raises(DeviceFault, match=r"fedpipe/fl/engine\.py:1: add mixes"):
+        in_fedpipe("torch.add(cpu, torch.ones(2, device='meta'))", cpu=cpu)
     with DeviceHarness():
-        torch.add(torch.ones(2, device="meta"), torch.tensor(1.0))  # a 0-dim CPU tensor may mix
+        in_fedpipe("torch.add(torch.ones(2, device='meta'), torch.tensor(1.0, device='cpu'))")  # 0-dim
+
+
+def test_harness_lets_data_move_between_devices():
+    """Moving a model or a tensor to another device takes one tensor on each side: not a fault
+    (the first CUDA run failed every ``model.to("cuda")`` in torch's ``Module._apply``)."""
+    with DeviceHarness():
+        in_fedpipe("model.to('meta')", model=torch.nn.Linear(2, 2))
+        in_fedpipe("torch.empty(2, device='meta').copy_(torch.ones(2, device='cpu'))")
+        in_fedpipe("torch.ones(2, device='cpu').to('meta')")
 
 
 # -- the harness runs ----------------------------------------------------------------------------

@@ -167,7 +167,7 @@ ARMS = ["fedavg", "fedprox", "scaffold", "mofedsam", "fedddpm", "fedddpm_plus", 
 @pytest.mark.parametrize("preset", ["fedddpm_smoke", "fedddpm_mnist5k", "fedddpm_mnist",
                                     "fedddpm_cifar10", "fedddpm_cifar100"])
 def test_fedddpm_studies_run_every_arm_and_judge_every_claim(tmp_path, preset):
-    from fedpipe.config.compose import compose_params
+    from fedpipe.pipeline.compose import compose_params
     from fedpipe.pipeline.federate_ddpm import ddpm_train_config
 
     params = yaml.safe_load(compose_params(REPO, [f"study={preset}"],

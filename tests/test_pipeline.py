@@ -1,7 +1,8 @@
-"""End to end: `dvc repro` in a temporary copy of the repo, a second repro re-runs nothing but the
-always-changed plan stage, and `dvc exp run -S partition=dirichlet -S partition.alpha=0.05` composes
-new params with Hydra and gives a
-new partition; changing one algorithm's params re-runs only its federate stage and evaluate.
+"""End to end: the README's quick start (`make run`, i.e. `dvc repro`) in a temporary copy of the
+repo, then the README's `dvc exp show` recipe on the committed results; a second repro re-runs
+nothing but the always-changed plan stage, and `dvc exp run -S partition=dirichlet -S
+partition.alpha=0.05` composes new params with Hydra and gives a new partition; changing one
+algorithm's params re-runs only its federate stage and evaluate.
 MLflow lineage of the partition run is checked in the same copy."""
 
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from repo_copy import BIN, commit_all, copy_repo, sh
+from test_readme_tour import section_commands
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +27,7 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
     sh([str(BIN / "python"), "-m", "fedpipe.pipeline.compose"], dst, env)
     sh(["git", "init", "-q"], dst, env)
     (dst / ".gitignore").write_text((dst / ".gitignore").read_text() + "/test-mlflow.db\n")
+    (dst / ".venv").symlink_to(BIN.parent)  # this test's environment, as `make run` expects it
     commit_all(dst, env)
     return dst, env
 
@@ -49,7 +52,10 @@ def ran(proc: subprocess.CompletedProcess) -> set[str]:
 
 def test_repro_outputs_then_nothing_reruns(workdir):
     dst, env = workdir
-    first = sh(["dvc", "repro"], dst, env)
+    assert section_commands("Quick start") == ["make run", "make test"]
+    # the README's `make run`; its install step (.venv/.installed) counts as done: -o keeps make
+    # from remaking it (nothing is installed)
+    first = sh(["make", "-o", ".venv/.installed", "run"], dst, env)
     algos = yaml.safe_load((dst / "params.yaml").read_text())["study"]["algorithms"]
     study = yaml.safe_load((dst / "params.yaml").read_text())["study"]
     seeds = study["seeds"]
@@ -115,6 +121,27 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     assert run.data.metrics["emd_mean"] == pytest.approx(metrics["emd_mean"])
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/heatmap.png", "plots/sizes.png"} <= arts
+
+
+def test_exp_show_recipe_whole_at_200_columns_with_mains_metrics(workdir):
+    """The summary metrics are in git (not ignored) and committed with dvc.lock, as the README
+    says; its `dvc exp show` recipe then shows main's four accuracies without a cut cell at 200
+    columns."""
+    dst, env = workdir
+    for f in ("data/evaluate/metrics.json", "data/report/metrics.json", "data/report/claims.json"):
+        assert (dst / f).is_file() and sh(["git", "check-ignore", "-q", f], dst, env,
+                                          check=False).returncode == 1, f
+    assert sh(["git", "check-ignore", "-q", "data/evaluate/seeds.json"], dst, env,
+              check=False).returncode == 0  # every other output: DVC's cache
+    commit_all(dst, env, "make run")
+    show = next(c for c in section_commands("Running experiments") if c.startswith("dvc exp show"))
+    proc = sh(["bash", "-c", show], dst, {**env, "COLUMNS": "200"})
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 200 and "…" not in proc.stdout, proc.stdout
+    branch = sh(["git", "branch", "--show-current"], dst, env).stdout.strip()
+    row = next(line for line in lines if line.split()[:1] == [branch])
+    accuracies = re.findall(r"\b0\.\d+\b", row)  # fedavg ... feddyn test_accuracy, from git
+    assert len(accuracies) == 4 and "!" not in row, proc.stdout
 
 
 def test_changing_one_algorithm_reruns_only_that_one(workdir):

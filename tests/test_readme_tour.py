@@ -1,13 +1,8 @@
 """The README's command blocks, so that the README cannot drift from the project.
 
-- The quick start's ``make run``, run as written in a copy of the repository (its tracked and
-  untracked-but-not-ignored files, committed) with the diffusion track's settings shrunk in
-  ``conf/`` as the end-to-end pipeline test does, this test's environment as ``.venv`` (the
-  Makefile's install step marked done: nothing is installed); then the README's ``dvc exp show``
-  recipe, which must show its columns without a cut cell at 200 columns (the README's advice for
-  the default study's four methods) and main's metrics (the summary
-  metrics are in git: the copy commits the ``make run`` results, as the README says to).
-  ``make test`` is this suite; every other make target the README names must exist.
+- The quick start's ``make run`` and the README's ``dvc exp show`` recipe run in
+  tests/test_pipeline.py (its first two tests, on its one end-to-end copy: one pipeline run
+  serves both). ``make test`` is this suite; every other make target the README names must exist.
 - Every ``dvc exp run`` of the "Running experiments" block composes (DVC's own Hydra composition,
   with fedpipe's override check) into params that every stage it runs accepts, its dataset
   included; every stage it names exists; its ``dvc exp show`` regex compiles.
@@ -17,12 +12,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
-import pytest
 import yaml
-from repo_copy import BIN, REPO, commit_all, copy_repo, sh
-from test_pipeline import shrink_diffusion_track
+from repo_copy import REPO
 
 README = REPO / "README.md"
 
@@ -56,43 +48,6 @@ def test_every_make_target_the_readme_names_exists():
     assert named and named <= targets, named - targets
 
 
-@pytest.fixture(scope="module")
-def tour(tmp_path_factory) -> tuple[Path, dict]:
-    """A fresh repository as a newcomer clones it, the test's environment as its ``.venv``, after
-    the quick start's ``make run``, its results committed."""
-    dst = tmp_path_factory.mktemp("tour")
-    env = {**copy_repo(dst), "FEDPIPE_THREADS": "1", "COLUMNS": "200"}
-    env.pop("MLFLOW_TRACKING_URI", None)  # the project's own mlflow.db
-    shrink_diffusion_track(dst)
-    (dst / ".venv").symlink_to(BIN.parent)
-    commit_all(dst, env)
-    assert section_commands("Quick start") == ["make run", "make test"]
-    # the install step (.venv/.installed) counts as done: -o keeps make from remaking it
-    sh(["make", "-o", ".venv/.installed", "run"], dst, env)
-    assert (dst / "data/report/report.md").is_file()
-    # the summary metrics are in git (not ignored), committed with dvc.lock as the README says
-    for f in ("data/evaluate/metrics.json", "data/report/metrics.json", "data/report/claims.json"):
-        assert (dst / f).is_file() and sh(["git", "check-ignore", "-q", f], dst, env,
-                                          check=False).returncode == 1, f
-    assert sh(["git", "check-ignore", "-q", "data/evaluate/seeds.json"], dst, env,
-              check=False).returncode == 0  # every other output: DVC's cache
-    commit_all(dst, env, "make run")
-    return dst, env
-
-
-@pytest.mark.slow
-def test_quick_start_then_the_exp_show_recipe_whole_at_200_columns_with_mains_metrics(tour):
-    dst, env = tour
-    show = next(c for c in section_commands("Running experiments") if c.startswith("dvc exp show"))
-    proc = sh(["bash", "-c", show], dst, env)
-    lines = proc.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 200 and "…" not in proc.stdout, proc.stdout
-    branch = sh(["git", "branch", "--show-current"], dst, env).stdout.strip()
-    row = next(line for line in lines if line.split()[:1] == [branch])
-    accuracies = re.findall(r"\b0\.\d+\b", row)  # fedavg ... feddyn test_accuracy, from git
-    assert len(accuracies) == 4 and "!" not in row, proc.stdout
-
-
 def experiment_overrides(cmd: str) -> list[list[str]]:
     """The override lists of one ``dvc exp run`` line: one list, or one per value of a sweep
     (``-S 'key=a,b,c'`` with ``--queue``)."""
@@ -113,10 +68,10 @@ def test_experiment_overrides_expand_a_sweep():
 
 def test_every_experiment_command_composes_into_params_every_stage_accepts(tmp_path):
     from fedpipe.config import partition_stage_config
-    from fedpipe.config.compose import compose_params
     from fedpipe.config.core import load_params
     from fedpipe.data import load_dataset
     from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.compose import compose_params
 
     commands = section_commands("Running experiments")
     runs = [o for c in commands if c.startswith("dvc exp run") for o in experiment_overrides(c)]

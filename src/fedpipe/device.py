@@ -62,6 +62,26 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 # -- random streams on the device --------------------------------------------------------------
 _derived: weakref.WeakKeyDictionary[torch.Generator, torch.Generator] = weakref.WeakKeyDictionary()
+# Where torch's Generator takes no weak reference (torch before 2.15: "cannot create weak reference
+# to 'torch._C.Generator' object", found on the first CUDA run), the pair is held by id instead; the
+# key generator is held with it, so its id cannot be reused by another while the entry lives (a
+# small growth per generator a process sends to a device: a device generator is a seed and an offset).
+_derived_by_id: dict[int, tuple[torch.Generator, torch.Generator]] = {}
+
+
+def _cached(gen: torch.Generator) -> torch.Generator | None:
+    try:
+        return _derived.get(gen)
+    except TypeError:  # no weak reference to gen
+        entry = _derived_by_id.get(id(gen))
+        return entry[1] if entry is not None else None
+
+
+def _cache(gen: torch.Generator, derived: torch.Generator) -> None:
+    try:
+        _derived[gen] = derived
+    except TypeError:
+        _derived_by_id[id(gen)] = (gen, derived)
 
 
 def derived_generator(gen: torch.Generator, device: str | torch.device) -> torch.Generator:
@@ -69,12 +89,12 @@ def derived_generator(gen: torch.Generator, device: str | torch.device) -> torch
     "device-stream")`` (fedpipe.rng), so the same stream gives the same device draws whatever ran
     before. One per (``gen``, device): later calls continue the same device stream."""
     device = torch.device(device)
-    cached = _derived.get(gen)
+    cached = _cached(gen)
     if cached is not None and _same_device(cached.device, device):
         return cached
     g = torch.Generator(device=device)
     g.manual_seed(torch_seed(gen.initial_seed(), "device-stream"))
-    _derived[gen] = g
+    _cache(gen, g)
     return g
 
 
