@@ -197,6 +197,22 @@ def test_harness_lets_data_move_between_devices():
         in_fedpipe("torch.ones(2, device='cpu').to('meta')")
 
 
+def test_modules_a_method_builds_live_where_its_model_lives():
+    """Modules that a method builds beside the model (FedRoD's personal head and hypernetwork)
+    go where the model is: the first CUDA run found FedRoD's hypernetwork left on the CPU (the
+    harness cannot see module init, which runs in torch's frames). The meta device stands in
+    for the GPU."""
+    cfg = config("fedrod")
+    for head in ("hypernetwork", "linear"):
+        strategy = ALGORITHMS["fedrod"](ClassificationTask(), classifier_fn("fedrod", "meta"), LOCAL,
+                                        algorithm_config("fedrod", {"personal_head": head}),
+                                        num_clients=4)
+        ph = strategy.personal_head()
+        assert {t.device.type for t in ph.state_dict(keep_vars=True).values()} == {"meta"}, head
+        assert ph.pi.device.type == "meta"
+    assert cfg.personal_head == "hypernetwork"
+
+
 # -- the harness runs ----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_method_is_device_clean_and_cpu_results_unchanged(name):

@@ -46,3 +46,41 @@ def test_every_factory_names_its_device(package):
     assert files
     found = [o for f in files for o in offenders(f.read_text(), str(f.relative_to(SRC.parents[1])))]
     assert not found, "torch factories without device= (docs/device.md):\n" + "\n".join(found)
+
+
+def numpy_offenders(source: str, filename: str) -> list[str]:
+    """``file:line .numpy()`` for each ``.numpy()`` call whose receiver was not brought to the CPU
+    first (``x.cpu().numpy()``, ``x.detach().cpu().double().numpy()``): on a GPU run ``x`` may live
+    there, and ``.numpy()`` of a CUDA tensor raises (the first CUDA run found two, in CLUSTER2's
+    client selection and Equitable-FL's clustering)."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "numpy" and not node.args):
+            continue
+        chain, on_cpu = node.func.value, False
+        while isinstance(chain, ast.Call | ast.Attribute | ast.Subscript):
+            if isinstance(chain, ast.Call) and isinstance(chain.func, ast.Attribute) \
+                    and chain.func.attr == "cpu":
+                on_cpu = True
+                break
+            chain = chain.func if isinstance(chain, ast.Call) else chain.value
+        if not on_cpu:
+            out.append(f"{filename}:{node.lineno} .numpy()")
+    return out
+
+
+def test_the_lint_finds_numpy_of_a_tensor_not_on_the_cpu():
+    code = ("a = x.double().numpy()\n"
+            "b = x.detach().cpu().double().numpy()\n"
+            "c = d['k'].cpu().numpy()\n"
+            "e = np.random.default_rng(0).numpy()\n")
+    assert numpy_offenders(code, "m.py") == ["m.py:1 .numpy()", "m.py:4 .numpy()"]
+
+
+@pytest.mark.parametrize("package", CHECKED)
+def test_every_numpy_call_brings_its_tensor_to_the_cpu(package):
+    files = sorted((SRC / package).rglob("*.py"))
+    found = [o for f in files for o in numpy_offenders(f.read_text(),
+                                                        str(f.relative_to(SRC.parents[1])))]
+    assert not found, ".numpy() of a tensor that may be on the GPU (docs/device.md):\n" + "\n".join(found)

@@ -82,7 +82,7 @@ class Cluster2(FedProx):
                        ) -> list[int]:
         grads_g = state.extra.get("repgrad", {})
         dim = sum(v.numel() for v in state.weights.values() if is_float(v))
-        grads = np.stack([grads_g[str(c)].double().numpy() if str(c) in grads_g else np.zeros(dim)
+        grads = np.stack([grads_g[str(c)].double().cpu().numpy() if str(c) in grads_g else np.zeros(dim)
                           for c in available])
         sizes_m = state.meta.get("cluster2_sizes", {})
         sizes = np.array([float(sizes_m.get(str(c), 1.0)) for c in available])

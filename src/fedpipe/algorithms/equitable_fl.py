@@ -134,7 +134,7 @@ class EquitableFL(FedProx):
         return update, client_state, metrics
 
     def cluster(self, rnd: RoundInfo) -> np.ndarray:
-        acts = np.stack([u.extra["activation"]["a"].double().numpy() for u in rnd.updates])
+        acts = np.stack([u.extra["activation"]["a"].double().cpu().numpy() for u in rnd.updates])
         rng = numpy_rng(rnd.seed, "equitable-kmeans", rnd.index)
         return spectral_clusters(acts, self.cfg.num_clusters, rng, self.cfg.kmeans_n_init)
 

@@ -141,7 +141,8 @@ class FedRoD(Strategy):
             c, d = model.head.out_features, model.head.in_features
             with torch.random.fork_rng(devices=[]):  # values set later; leave the global RNG be
                 hyper = HyperNetwork(c, d, self.cfg.hyper_hidden or d) if self.hyper else None
-                self._phead = PersonalHead(model.head, hyper).to(model.head.weight.dtype)
+                self._phead = PersonalHead(model.head, hyper).to(  # where the model is (the
+                    device=model.head.weight.device, dtype=model.head.weight.dtype)  # first CUDA run)
         return self._phead
 
     def load_head(self, values: Weights) -> PersonalHead:
@@ -153,7 +154,8 @@ class FedRoD(Strategy):
         ph = self.personal_head()
         with torch.no_grad():
             if self.hyper:
-                with torch.random.fork_rng(devices=[]):
+                device = ph.pi.device  # init drawn there: its RNG restored after, as the CPU's
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                     torch.manual_seed(torch_seed(weights_seed(weights), "fedrod-hypernet"))
                     for m in ph.hyper.net:
                         if isinstance(m, nn.Linear):

@@ -153,7 +153,7 @@ def pack_data(data: Any) -> tuple:
     """A client's data as it goes into the object store: a plain :class:`ClientData` as numpy
     arrays (read in a task without a copy), anything else as it is."""
     if type(data) is ClientData and _numpy_ok(data.x) and _numpy_ok(data.y):
-        return ("numpy", data.x.numpy(), data.y.numpy(), data.skew)
+        return ("numpy", data.x.cpu().numpy(), data.y.cpu().numpy(), data.skew)
     return ("object", data)
 
 
