@@ -101,3 +101,24 @@ def test_stage_runs_and_writes_outputs(tmp_path):
     assert names == ["clients.csv", "heatmap.png", "metrics.json", "partition.safetensors",
                      "sizes.png"]
     assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_committed_params_yaml_is_what_conf_composes(tmp_path):
+    """`dvc repro` (the quick start) reads params.yaml as committed; `dvc exp run` composes conf/
+    afresh. The two must agree, or the default study silently runs other settings than conf/
+    says (params.yaml went without FedDDPM's new keys after they were added to conf/: `make params`
+    rewrites it)."""
+    from fedpipe.pipeline.compose import compose_params
+
+    repo = Path(__file__).resolve().parents[1]
+    composed = compose_params(repo, [], output=str(tmp_path / "params.yaml"))
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+    want, have = flat(yaml.safe_load(composed.read_text())), flat(yaml.safe_load(
+        (repo / "params.yaml").read_text()))
+    differ = sorted(k for k in want.keys() | have.keys() if want.get(k, "-") != have.get(k, "-"))
+    assert not differ, f"params.yaml differs from conf/ at {differ[:10]}: run `make params`"
