@@ -15,8 +15,9 @@ Measures, over the same ``--rounds`` rounds (median over ``--repeats``):
 
 ``--paper-shape`` adds one row with the paper's MTT shape instead of the smoke's (ConvNet width 128,
 ipc 10, H = 20, R = 10 on the same digits data): one MTT update against one FedAvg round of the same
-width-128 model (two rounds of each). The spec's estimate (§6) is FedPTR-S about 2x FedAvg at F = 1
-and 1.1x at F = 10 on CIFAR10, where a FedAvg round is an epoch over 50,000 32x32 images; digits
+width-128 model (two rounds of each). A rough FLOP count (ours, not the paper's: one MTT update
+of H = 20, R = 10 on 100 images costs about one FedAvg round) puts FedPTR-S at about 2x FedAvg at
+F = 1 and 1.1x at F = 10 on CIFAR10, where a FedAvg round is an epoch over 50,000 32x32 images; digits
 has 1,347 8x8 images, so the ratios here are not the paper's.
 
     python benchmarks/fedptr_cost.py [--rounds 20] [--repeats 2] [--paper-shape]

@@ -187,7 +187,7 @@ def test_conditional_task_and_model() -> None:
 def test_presets(preset: str, shape: tuple[int, int, int], mparams: float) -> None:
     model = build_unet(preset, shape)
     n = sum(p.numel() for p in model.parameters())
-    assert round(n / 1e6, 2) == mparams  # paper presets: spec 001, section 3.2 (diffusers 0.42.1)
+    assert round(n / 1e6, 2) == mparams  # paper presets: FedDDPM Section VI-A1 (diffusers 0.42.1)
     if preset == "digits_small":
         x = torch.randn(2, *shape)
         assert model(x, torch.tensor([0, 999])).shape == x.shape

@@ -1,4 +1,4 @@
-"""Each DVC stage re-runs when any code it runs changes (DESIGN.md §3).
+"""Each DVC stage re-runs when any code it runs changes (docs/architecture.md, "One code file per stage").
 
 Every stage but ``plan`` depends on ``data/plan/code/<stage>.json``, which the always-run ``plan``
 stage writes with the MD5 of every file the stage's script imports (:mod:`fedpipe.pipeline.code`, a

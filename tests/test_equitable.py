@@ -1,4 +1,4 @@
-"""Equitable-FL (spec 002) and its baselines (Cluster2, pow-d, GIFAIR-FL, FairFed) against
+"""Equitable-FL (arXiv 2410.19207) and its baselines (Cluster2, pow-d, GIFAIR-FL, FairFed) against
 hand-computed values, plus determinism and checkpoint-resume through the round loop.
 
 Hand computations reuse test_algorithms' linear model (w in R^2, MSE on two samples, full-batch SGD)
@@ -66,7 +66,7 @@ def test_activation_vector_is_the_mean_log_softmax_of_relu_features():
 
 
 def test_equitable_weights_eq6():
-    # 3 + 1 participants (spec §3.3's example): 1/6 to each of the three, 1/2 to the single one
+    # 3 + 1 participants: 1/6 to each of the three, 1/2 to the single one
     np.testing.assert_allclose(equitable_weights(np.array([0, 0, 0, 1]), 2), [1 / 6] * 3 + [1 / 2])
     np.testing.assert_allclose(equitable_weights(np.array([1, 0, 1, 0]), 2), [0.25] * 4)
     # an empty cluster (C = 3, two found): renormalised, each found cluster 1/2

@@ -1,7 +1,7 @@
-"""FedPTR / FedPTR-S (spec 000): MTT's loss and gradient against hand computation and finite
-differences, the layer-adaptive penalty's gradient, MTT recovering a known one-step trajectory, the
-round protocol of both variants (history, projection, one-shot schedule, client-side initialisation)
-and a deterministic, resumable run.
+"""FedPTR / FedPTR-S (Chen et al. 2023, arXiv 2312.14380): MTT's loss and gradient against hand
+computation and finite differences, the layer-adaptive penalty's gradient, MTT recovering a known
+one-step trajectory, the round protocol of both variants (history, projection, one-shot schedule,
+client-side initialisation) and a deterministic, resumable run.
 
 The hand computations use a linear model w in R^2 (no bias) and the loss
 L(w; X, y) = mean_j (x_j . w - y_j)^2, whose gradient is (2/n) sum_j (x_j . w - y_j) x_j.

@@ -50,7 +50,7 @@ def test_paper_parameter_counts() -> None:
     fednh = build_model("cnn_fednh", (3, 32, 32), 10)  # FedNH Listing 1, bias-free head
     assert fednh.head.bias is None
     assert _n_params(fednh) == 4864 + 102464 + 1600 * 384 + 384 + 384 * 192 + 192 + 1920
-    assert _n_params(build_model("convnet", (3, 32, 32), 10)) == 320010  # spec 000: about 320k
+    assert _n_params(build_model("convnet", (3, 32, 32), 10)) == 320010  # FedPTR §5.1's (MTT's) ConvNet
 
 
 def test_resnet18_is_cifar_style_and_group_norm() -> None:

@@ -3,7 +3,8 @@
 FedDDPM: Z. Peng, X. Wang, S. Chen, H. Rao, C. Shen, "Federated Learning for Diffusion Models",
 arXiv 2503.06426 (2025), Tables I-III (FID, lower is better; 100 clients; Shard = 2 shards per
 client, Dir = Dirichlet(alpha); 15% / 30% client participation), and the rounds at which FedDDPM+'s
-QuickTest stopped training (Section VI-C; column order as in the tables, an inference of the spec).
+QuickTest stopped training (Section VI-C; column order as in the tables, our inference: the text does
+not name the columns).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ ALGORITHMS: dict[str, type[Strategy]] = {
     "fedptr_s_once": FedPTRSOnce,
     "fedptr_fixed": FedPTRFixed,  # Table 4's fixed lambda
     "fedptr_noproj": FedPTRNoProj,  # control: the layer-adaptive pull aimed at w^t
-    # Equitable-FL (spec 002) and its baselines
+    # Equitable-FL (Upadhyay & Hashemi, arXiv 2410.19207) and its baselines
     "equitable_fl": EquitableFL,
     "cluster2": Cluster2,
     "pow_d": PowD,

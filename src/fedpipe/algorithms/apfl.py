@@ -1,5 +1,5 @@
 """APFL (Deng, Kamani, Mahdavi, 2020, "Adaptive Personalized Federated Learning"; a PerAda baseline,
-spec 003 §4).
+Sec. 7).
 
 Client i keeps a personal model v_i; its personalized model mixes it with the global one,
 
@@ -14,8 +14,8 @@ with v_bar_i formed from the values before this step. The server averages the w_
 personalized model for evaluation is alpha v_i + (1 - alpha) w with the current global w (to which
 w_i is reset at the start of each round); buffers (BatchNorm statistics) are v_i's.
 
-alpha: PerAda tunes it on {0.1, 0.3, 0.5, 0.7} without reporting the pick; the default 0.5 is the
-grid's middle (a spec gap), fixed, as in PerAda's grid. ``adaptive: true`` gives the paper's adaptive
+alpha: PerAda tunes it on {0.1, 0.3, 0.5, 0.7} without reporting the pick (App. A.2); the default
+0.5 is the grid's middle, fixed, as in PerAda's grid. ``adaptive: true`` gives the paper's adaptive
 alpha_i (its Section 3 update), one step per local step from the same point, kept per client and
 clipped to [0, 1]:
 

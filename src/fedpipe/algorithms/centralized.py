@@ -1,6 +1,6 @@
 """Centralized training, the reference row of Equitable-FL's Tables 2-3 (Upadhyay & Hashemi, arXiv
 2410.19207, §5 "Baselines": "The training happens in a centralized fashion, where all the clients
-share their data with the server"; spec 002 §4: "reference only, never bolded").
+share their data with the server"; Table 2's caption: "just for reference").
 
 The round loop trains one "client" that holds the union of every client's training data: each round
 it runs ``fl.local`` (E epochs of plain SGD, the study's batch size and lr) on the pooled data from the
@@ -9,9 +9,9 @@ bit for bit). K rounds are therefore K * E epochs over all the data, where a fed
 n clients per round passes over about r / n of it per round.
 
 Choices where the paper is silent (inferred):
-- the same K, E, batch size and lr as the federated methods (the paper states only "the shared
-  settings"); the local objective is the plain task loss (spec §3.5: every baseline but Centralized
-  and GIFAIR uses FedProx local updates, so no mu);
+- the same K, E, batch size and lr as the federated methods (the paper gives it no settings of
+  its own); the local objective is the plain task loss (§5.2 names FedProx with every baseline but
+  Centralized and GIFAIR, so no mu);
 - evaluation is the federated methods' (the global model on the global test set and on every
   client's local test split), so σ_Acc is comparable; for the client disagreement CD (eq. 9) every
   client counts as a participant of every round, since every client's data is used, so CD is over

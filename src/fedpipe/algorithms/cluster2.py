@@ -1,6 +1,6 @@
 """FedProx + clustered sampling from representative gradients (Fraboni, Vidal, Kameni & Lorenzi,
 "Clustered Sampling: Low-Variance and Improved Representativity for Clients Selection in Federated
-Learning", ICML 2021, Algorithm 2), the "Fedprox + Cluster2" baseline of Equitable-FL (spec 002 §4).
+Learning", ICML 2021, Algorithm 2), the "Fedprox + Cluster2" baseline of Equitable-FL (§5.2).
 
 Round k, r clients to select:
 
@@ -16,10 +16,10 @@ Round k, r clients to select:
    the rest are drawn uniformly from the unselected clients.
 5. FedProx local training and the FedProx average (``fl.aggregation``).
 
-Simplification (inferred, spec §4): Fraboni's Algorithm 2 spreads the clients' mass p_i over r
-distributions along the dendrogram so that every distribution holds mass 1/r; here each cluster of
-the cut is one distribution (the spec's reading: "Ward hierarchical clustering into r groups, one
-client sampled per group").
+Simplification (inferred; Equitable-FL §5.2 does not say): Fraboni's Algorithm 2 spreads the clients'
+mass p_i over r distributions along the dendrogram so that every distribution holds mass 1/r; here
+each cluster of the cut is one distribution (Ward hierarchical clustering into r groups, one client
+sampled per group).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """CReFF (Shang, Lu, Huang, Chen, Shi, IJCAI 2022, "Federated Learning on Heterogeneous and
-Long-Tailed Data via Classifier Re-training with Federated Features"; a FedNH baseline, spec 004 §5).
+Long-Tailed Data via Classifier Re-training with Federated Features"; a FedNH baseline, App. A.2).
 
 Federated learning is FedAvg; on top of it the server learns per-class *federated features* F_c whose
 classifier gradients match the clients' real ones, and re-trains a classifier on them for inference.
@@ -20,14 +20,14 @@ D is the dataset-condensation distance 'ours' ([code] ``dis_metric 'ours'``): su
 (classes) of the weight gradient of 1 - cos(g_real_row, g_syn_row); bias gradients are not matched
 (that metric ignores 1-D tensors). F has ``num_features`` features per class, drawn N(0, 1) at the
 first round from the stream (seed, "creff-features") and kept across rounds, as is W_re (from the
-initial head). Both lrs are 0.01 (FedNH spec 004 §5: the official 0.1 for the features "makes the
+initial head). Both lrs are 0.01 (FedNH App. A.2: the official 0.1 for the features "makes the
 training unstable"); 100 per class, 100 feature epochs, 300 re-training epochs, batch_real 64 as in
-the spec. Inferred (not given): the features use plain SGD (one step per feature epoch, on the sum over
+FedNH's code. Inferred (not given): the features use plain SGD (one step per feature epoch, on the sum over
 classes), the classifier SGD with ``retrain_batch_size`` 32; the gradient matching uses W^t, the head
 the clients computed their gradients at; client gradients are averaged by class counts.
 
 Personalized model: local training is FedAvg's, so PM is FedAvg's (the client's latest local model,
-FedNH spec 004 §2.6, §5), kept in the client's state when ``keep_local_model`` (default true).
+FedNH §4.1), kept in the client's state when ``keep_local_model`` (default true).
 
 Against FedNH's official code (docs/papers/fednh.md): client class gradients, FedAvg and the feature
 matching agree to float64 rounding when every owner of a class holds as many samples of it. Kept
@@ -57,7 +57,7 @@ HEAD_KEYS = ("head.weight", "head.bias")
 @dataclass(frozen=True)
 class CReFFConfig:
     num_features: int = 100
-    """Federated features per class (spec 004 §5: 100)."""
+    """Federated features per class (FedNH App. A.2: 100)."""
     feature_epochs: int = 100
     """Gradient-matching steps on the features per round (100)."""
     feature_lr: float = 0.01

@@ -1,5 +1,5 @@
 """Ditto (Li, Hu, Beirami, Smith, ICML 2021, "Ditto: Fair and Robust Federated Learning Through
-Personalization"; a FedNH (spec 004 §5) and PerAda (spec 003 §4) baseline).
+Personalization"; a FedNH (§4.1) and PerAda (Sec. 7) baseline).
 
 Two models per client: the global model w, trained by FedAvg, and a personal model v_k that solves
 
@@ -15,7 +15,7 @@ and uploads w_k; the server averages (FedAvg). The personalized model is v_k; th
 FedAvg's.
 
 lambda convention: the paper's, ``lambda/2 ||v - w||^2`` (gradient ``lambda (v - w)``). FedNH
-(spec 004 §5) uses lambda = 0.75, the default here. PerAda (spec 003 §2.3) writes lambda/2 but its
+(App. A.2) uses lambda = 0.75, the default here. PerAda (§4, Personal Obj) writes lambda/2 but its
 code adds ``lambda ||v - w||^2`` with lambda in {0.1, 1}: the PerAda study sets ``lam: 2.0`` (its code's
 1 for CIFAR-10) on this convention.
 
@@ -50,7 +50,7 @@ from fedpipe.tasks import Batch
 @dataclass(frozen=True)
 class DittoConfig:
     lam: float = 0.75
-    """lambda of Eq. 2, paper convention lambda/2 ||v - w||^2 (FedNH spec 004 §5: 0.75; the PerAda
+    """lambda of Eq. 2, paper convention lambda/2 ||v - w||^2 (FedNH App. A.2: 0.75; the PerAda
     study sets 2.0, its code's lambda = 1 without the 1/2)."""
     personal_epochs: int | None = None
     """Epochs on v_k per participation (step 2); None = the client's ``fl.local`` schedule (FedNH's

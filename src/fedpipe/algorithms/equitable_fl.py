@@ -1,5 +1,5 @@
 """Equitable-FL (Upadhyay & Hashemi, "Equitable Federated Learning with Activation Clustering",
-arXiv 2410.19207; spec 002 §2, pseudocode §2.8).
+arXiv 2410.19207; §4.2, Algorithm 1).
 
 Round k, participants S_k (|S_k| = r, uniform without replacement):
 
@@ -9,8 +9,8 @@ Round k, participants S_k (|S_k| = r, uniform without replacement):
    i computes ``a_i = mean_{x in D_i} log_softmax(relu(h(x)))``, h the penultimate features (the
    input of the classification layer; ``Classifier.features``). The paper does not say how the
    per-sample vectors are reduced to one, nor which weights (Definition 1 says the local ones, the
-   Introduction the global ones; spec §7.1): the mean over the local training set with the local
-   weights is the spec's default, and ``activation_model: global`` takes the received global model
+   Introduction the global ones): the mean over the local training set with the local weights is
+   our default (docs/papers/equitable_fl.md), and ``activation_model: global`` takes the received global model
    instead. The vector is uploaded beside the weights (``extra["activation"]``).
 3. Server (Alg. 1 lines 13-25): ``A = [a_1; ...; a_r]``, ``S = A A^T`` (raw inner products, no
    normalisation); ``U`` = the eigenvectors of the C largest eigenvalues of S (``numpy.linalg.eigh``;
@@ -19,10 +19,10 @@ Round k, participants S_k (|S_k| = r, uniform without replacement):
    "equitable-kmeans", k)``).
 4. Equitable weights, eq. (6): ``p_k^i = 1 / (C |gamma(i)|)``, gamma(i) the cluster of i among the
    round's participants, so each cluster weighs 1/C whatever its size; sample counts play no role.
-   p is renormalised to sum to 1 (it already does unless K-Means leaves a cluster empty; spec §2.8
-   line 11). With r < C, K-Means forms r clusters (every client its own; spec §7.5).
+   p is renormalised to sum to 1 (it already does unless K-Means leaves a cluster empty). With
+   r < C, K-Means forms r clusters (every client its own; docs/papers/equitable_fl.md).
 5. Aggregation (Alg. 1 line 15): ``w_{k+1} = sum_i p_k^i w_{k,E}^i`` over every float entry of the
-   state dict (BatchNorm statistics too; spec §7.15).
+   state dict (BatchNorm statistics too; the paper does not say).
 
 Per round the history records ``cluster_nmi``: the NMI of the clustering against the partition's
 planted groups (Fig. 2; when the partition has them, ``label_blocks``), ``groups_present`` (planted
@@ -53,15 +53,15 @@ ACTIVATION_MODELS = ("local", "global")
 class EquitableFLConfig(FedProxConfig):
     mu: float = 0.001
     """FedProx mu (eq. 4). The paper tunes it over {0.001, 0.01, 0.1, 1}; 0.001 is the value its
-    ablations (Tables 4-5, CIFAR-100) point to (spec §2.9). Studies set it per dataset."""
+    ablations (Tables 4-5, CIFAR-100) point to (docs/papers/equitable_fl.md). Studies set it per dataset."""
     num_clusters: int = 2
     """C, the number of clusters (eq. 6): an oracle hyperparameter, the planted number of groups
     (Table 1: 2 for MNIST / CIFAR-10, 3 for CIFAR-100, 5 for FEMNIST)."""
     activation_model: str = "local"
-    """Weights the activation vector is computed with: ``local`` (w_{k,E}^i, Definition 1; spec
-    default) or ``global`` (w_k, the Introduction's wording). The paper is inconsistent (spec §7.1)."""
+    """Weights the activation vector is computed with: ``local`` (w_{k,E}^i, Definition 1;
+    default) or ``global`` (w_k, the Introduction's wording). The paper is inconsistent."""
     kmeans_n_init: int = 10
-    """K-Means restarts (k-means++ init). Not given in the paper; spec §2.5's inferred default."""
+    """K-Means restarts (k-means++ init). Not given in the paper; inferred."""
 
     def validate(self, p: str) -> None:
         super().validate(p)
@@ -74,7 +74,8 @@ class EquitableFLConfig(FedProxConfig):
 def activation_vector(model: torch.nn.Module, data: ClientData, gen: torch.Generator,
                       batch_size: int = 1024) -> torch.Tensor:
     """``mean_x log_softmax(relu(model.features(x)))`` over ``data`` in eval mode (Definition 1;
-    the reduction by the mean is spec §2.3's default). The model's train/eval mode is restored."""
+    the reduction by the mean is our default, docs/papers/equitable_fl.md). The model's train/eval
+    mode is restored."""
     was_training = model.training
     model.eval()
     total, count = None, 0

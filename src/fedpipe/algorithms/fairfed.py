@@ -1,13 +1,13 @@
 """FedProx + FairFed reweighting (Ezzeldin et al., "FairFed: Enabling Group Fairness in Federated
-Learning", AAAI 2023), the "Fedprox + FairFed (model reweighing)" baseline of Equitable-FL (spec 002
-§4): FedProx local training, and only FairFed's aggregation-weight update.
+Learning", AAAI 2023), the "Fedprox + FairFed (model reweighing)" baseline of Equitable-FL
+(§5.2): FedProx local training, and only FairFed's aggregation-weight update.
 
 FairFed's weight update (Alg. 1): with omega_i^{t} the aggregation weights (omega_i^0 = N_i / N),
 a fairness gap Delta_i^t of each client and a budget beta,
 
     omega_i^{t+1} = omega_i^t - beta (Delta_i^t - mean_j Delta_j^t),   then normalised to sum 1.
 
-Equitable-FL notes the weights can go negative and lower-bounds them at 0 (spec §4); so does this
+Equitable-FL notes the weights can go negative and lower-bounds them at 0 (§5.2); so does this
 implementation (``max(., 0)`` before normalising).
 
 Adaptations (the papers are silent; inferred):
@@ -19,10 +19,10 @@ Adaptations (the papers are silent; inferred):
   count); each round the participants' weights are normalised among them, updated as above, clipped
   at 0, renormalised (uniform if all clip to 0), used to aggregate, and written back scaled to the
   participants' previous total mass.
-- ``beta`` = 1.0, **inferred**. Neither Equitable-FL nor the spec gives it (spec 002 §2.9 "Not
-  given", §7.12), and FairFed's paper is not in the project's library (papers/ and specs/
-  re-checked), so its own default could not be checked. FairFed treats beta as a tuned fairness
-  budget (beta = 0 is FedAvg); 1.0 makes a client's weight move by its whole gap deviation in one step.
+- ``beta`` = 1.0, **inferred**. Equitable-FL does not give it (§5.2 names the baseline only), and
+  FairFed's paper is not in the project's library (re-checked), so its own default could not be
+  checked. FairFed treats beta as a tuned fairness budget (beta = 0 is FedAvg); 1.0 makes a client's
+  weight move by its whole gap deviation in one step.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from fedpipe.fl.strategy import ClientState, RoundInfo, ServerState
 class FairFedConfig(FedProxConfig):
     beta: float = 1.0
     """beta, FairFed's fairness budget in omega <- omega - beta (Delta - mean Delta). Inferred:
-    neither Equitable-FL nor the spec gives it and FairFed is not in the library (module docstring)."""
+    Equitable-FL does not give it and FairFed is not in the library (module docstring)."""
 
     def validate(self, p: str) -> None:
         super().validate(p)

@@ -1,6 +1,6 @@
 """FedAvg (McMahan et al. 2017) as a registered method: the base :class:`~fedpipe.fl.Strategy`
 (clients run local SGD from the global weights, the server averages them), plus one evaluation
-option from FedNH's protocol (spec 004 §3.2, §2.6):
+option from FedNH's protocol (§4.1):
 
     keep_local_model: each client's personalized model is its *latest local model*, the weights it
     ended its last local training with ("We take the latest local models as the personalized model
@@ -56,8 +56,8 @@ class KeepsLocalModel(Strategy):
 @dataclass(frozen=True)
 class FedAvgConfig:
     keep_local_model: bool = False
-    """Evaluate each client's latest local model as its personalized model (FedNH §4.1 / spec 004
-    §3.2: FedAvg's PM). Off: FedAvg has no personal models."""
+    """Evaluate each client's latest local model as its personalized model (FedNH §4.1: FedAvg's
+    PM). Off: FedAvg has no personal models."""
 
 
 class FedAvg(KeepsLocalModel):

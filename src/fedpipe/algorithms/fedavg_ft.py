@@ -3,8 +3,8 @@ baseline): FedAvg trains the global model; each client's own model, for evaluati
 model fine-tuned on the client's training data.
 
 The fine-tuning uses ``fl.local`` (optimizer, lr, batch size) for ``ft_epochs`` epochs with the stream
-``(seed, "personalize", round, client)``. The papers do not give the schedule (PerAda spec §4, gap
-18); the default, 5 epochs, is FedBABU's fine-tuning schedule in FedNH (spec 004 §5).
+``(seed, "personalize", round, client)``. The papers do not give the schedule (PerAda Sec. 7
+names the method only); the default, 5 epochs, is FedBABU's fine-tuning schedule in FedNH (App. A.2).
 """
 
 from __future__ import annotations

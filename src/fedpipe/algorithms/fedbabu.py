@@ -1,5 +1,5 @@
 """FedBABU (Oh, Kim, Yun, ICLR 2022, "FedBABU: Toward Enhanced Representation for Federated Image
-Classification"; a FedNH baseline, spec 004 §5, FedNH's FedBABU code).
+Classification"; a FedNH baseline, App. A.2, FedNH's FedBABU code).
 
     federated training: the head W^0 (PyTorch's default nn.Linear init) is frozen on every client
         and never aggregated; client k trains only the body:  theta_k <- local SGD on f_k(theta, W^0)
@@ -35,7 +35,7 @@ ROUNDS_DONE = "rounds_done"
 @dataclass(frozen=True)
 class FedBABUConfig:
     ft_epochs: int = 5
-    """Fine-tuning epochs of the personalized model, head included (spec 004 §5: 5)."""
+    """Fine-tuning epochs of the personalized model, head included (FedNH App. A.2: 5)."""
     ft_from: str = "local"
     """What each client fine-tunes: ``local`` (its latest local model; [code]) or ``global`` (the
     final global model; FedBABU's paper)."""

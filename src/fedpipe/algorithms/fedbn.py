@@ -1,5 +1,5 @@
 """FedBN (Li, Jiang, Zhang, Kamp, Dou, ICLR 2021, "FedBN: Federated Learning on Non-IID Features via
-Local Batch Normalization"; a PerAda baseline, spec 003 §4: "personal BN").
+Local Batch Normalization"; a PerAda baseline, Sec. 7 and Table 1: personal BN).
 
 FedAvg in which every BatchNorm layer stays on its client: its affine parameters (gamma, beta) and its
 running statistics (mean, variance, batch count) are personal, all other parameters are averaged

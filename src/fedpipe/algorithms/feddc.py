@@ -1,6 +1,6 @@
 """FedDC (Gao et al., CVPR 2022, "FedDC: Federated Learning with Non-IID Data via Local Drift
 Decoupling and Correction"), Algorithm 1, as in the authors' code (gaoliang13/FedDC, the harness the
-FedPTR authors used for their baselines, spec 000_fedptr §4).
+FedPTR authors used for their baselines; docs/papers/baselines.md).
 
 Each client i keeps a local drift variable h_i (the accumulated gap between its local model and the
 global model) and a SCAFFOLD-style control variate c_i; the server keeps c. All start at 0.
@@ -76,8 +76,8 @@ DRIFT_AVERAGES = ("participants", "all_clients")
 class FedDCConfig:
     alpha: float = 0.01
     """alpha, the drift-penalty coefficient in R = alpha/2 ||theta_i + h_i - w||^2 (Eq. 5).
-    0.01 = ``alpha_coef`` of the authors' example code and of the FedPTR harness; spec 000_fedptr §4
-    grid {0.001, 0.01, 0.1}."""
+    0.01 = ``alpha_coef`` of the authors' example code and of the FedPTR harness, the middle of
+    {0.001, 0.01, 0.1} (docs/papers/baselines.md)."""
     drift_average: str = "participants"
     """How the server forms w (Alg. 1, server step): ``participants`` = avg over the round's clients
     of the uploaded theta_i + h_i (paper); ``all_clients`` = avg theta_i + mean of all N clients'

@@ -1,6 +1,7 @@
 """FedDDPM and FedDDPM+ (Peng, Wang, Chen, Rao, Shen, "Federated Learning for Diffusion Models",
-arXiv 2503.06426; spec 001): FedAvg plus server training on an auxiliary set A that the server sampled,
-before federated training, from the clients' warm-up models (stages ``warmup`` and ``generate``).
+arXiv 2503.06426; Sections III-V): FedAvg plus server training on an auxiliary set A that the server
+sampled, before federated training, from the clients' warm-up models (stages ``warmup`` and
+``generate``).
 
 FedDDPM (Algorithm 1). Round t, clients Z_t (n of them), client models w_{t+1}^i::
 
@@ -44,32 +45,32 @@ never through an untyped mapping:
 
 A missing input is a ValueError naming it. ``state.meta`` (JSON, checkpointed with the run):
 
-- ``"server_steps"``: cumulative server optimizer steps (both algorithms; the paper's cost
-  comparison, spec §8.11); ``"server_loss"``: the mean loss of the last server training;
+- ``"server_steps"``: cumulative server optimizer steps (both algorithms; for the cost
+  comparison of Section VI-E3); ``"server_loss"``: the mean loss of the last server training;
 - FedDDPM+: ``"quicktest"``, the trace, one ``{"round", "score", "ema_before", "fired"}`` per test
   (``round`` 1-based); ``"quicktest_ema"``, AvgScore after the last test (None before the first), from
   which a resumed run continues identically; ``"stopped_at"``, the 1-based round after which training
   stops (set when QuickTest fires; the engine then checkpoints that round and ends the run);
   ``"corrected_at"``, the 1-based round after which the correction ran.
 
-Choices where the paper is ambiguous (spec §8):
+Choices where the paper is ambiguous (docs/papers/fedddpm.md):
 
-- Optimizer (§8.1): the algorithms write SGD, but zeta = 2e-4 and eta = 5e-5 are Adam learning rates
+- Optimizer: the algorithms write SGD, but zeta = 2e-4 and eta = 5e-5 (VI-A2) are Adam learning rates
   (Ho et al.'s DDPM lr is Adam 2e-4; plain SGD at 5e-5 would barely move a DDPM), so the server
   optimizer is a config value, Adam by default, with a fresh state for every server training; no
   momentum or weight decay. The lr is constant. Gradient clipping follows ``fl.local.grad_clip``
   (the server trains the same model with the same loss as the clients).
-- E counts epochs over A with batch ``server_batch_size`` (§8.2: the experiments' meaning; the
+- E counts epochs over A with batch ``server_batch_size`` (Section VI-A2: the experiments' meaning; the
   algorithm text counts single-sample steps). B = 128 is the paper's MNIST batch; CIFAR uses 64.
 - FedDDPM+'s correction uses zeta (``correction_lr`` = 2e-4, the client lr) as Algorithm 2 prints,
-  not FedDDPM's eta (§8.3).
+  not FedDDPM's eta (its line 13).
 - QuickTest period: the paper tests when ``t mod 10 == 0`` with 0-based t, i.e. literally after the
   1-based rounds 1, 11, 21, ... Its reported stop rounds (160, 150, ..., 330) are all multiples of 10,
   so this module tests after the 1-based rounds 10, 20, 30, ... (0-based r with
   ``(r + 1) % test_every == 0``): "every 10 rounds" of training, the first test after 10 rounds, and
   ``stopped_at`` is then a multiple of ``test_every`` like the paper's numbers. The first test only
   initialises the EMA, so the earliest stop is after round 2 * test_every.
-- If QuickTest never fires (§8.10, unspecified): with ``correct_if_no_trigger`` (default) the
+- If QuickTest never fires (Algorithm 2 does not say): with ``correct_if_no_trigger`` (default) the
   correction runs after the last round (``rnd.total``), so FedDDPM+ always ends with one
   correction; ``stopped_at`` stays None (QuickTest did not stop training), ``corrected_at`` is set.
   When the last round is a test round, QuickTest runs first; a correction never runs twice.
@@ -118,8 +119,8 @@ class FedDDPMConfig:
     server_lr: float = 5e-5
     """eta, the server lr in w^_{t+1,e+1} = w^_{t+1,e} - eta grad~f_A (Alg. 1 line 10; paper 5e-5)."""
     server_optimizer: str = "adam"
-    """The paper writes SGD, but its lrs are Adam's (spec §8.1): Adam by default (fresh state each
-    round), ``sgd`` for the literal reading."""
+    """The paper writes SGD, but its lrs are Adam's (docs/papers/fedddpm.md): Adam by default (fresh
+    state each round), ``sgd`` for the literal reading."""
     server_batch_size: int = 128
     """B of the server's minibatches of A: the paper's MNIST batch (inferred: the paper gives B for
     clients only; CIFAR uses 64)."""
@@ -165,18 +166,18 @@ class FedDDPMPlusConfig:
     correction_epochs: int = 20
     """E of the one-shot correction on A (Alg. 2 lines 8-9): 20 for MNIST (paper), 30 for CIFAR."""
     correction_lr: float = 2e-4
-    """The correction's lr: Algorithm 2 writes zeta, the client lr (2e-4), not FedDDPM's eta (spec §8.3)."""
+    """The correction's lr: Algorithm 2 writes zeta, the client lr (2e-4), not FedDDPM's eta."""
     correction_step_ratio: float | None = None
     """null: ``correction_epochs`` epochs over A (the paper's). A number r: round(r x s) steps, s
     being the mean step count of the last round's clients (as FedDDPM's ``server_step_ratio``).
     Paper: MNIST 20 x 47 / 15 = 62.7, CIFAR 30 x 79 / 40 = 59.3."""
     server_optimizer: str = "adam"
-    """As FedDDPM's (the paper writes SGD; its lrs are Adam's, spec §8.1)."""
+    """As FedDDPM's (the paper writes SGD; its lrs are Adam's, docs/papers/fedddpm.md)."""
     server_batch_size: int = 128
     """B of the correction's minibatches of A (inferred: the paper's MNIST client batch)."""
     correct_if_no_trigger: bool = True
     """Run the correction after the last round when QuickTest never fired (inferred; the paper does
-    not say what happens then, spec §8.10)."""
+    not say what happens then)."""
     server_data: str = "aux"
     """As FedDDPM's: the correction trains on the auxiliary set A."""
 

@@ -1,5 +1,5 @@
 """FedDF (Lin et al., NeurIPS 2020, "Ensemble Distillation for Robust Model Fusion in Federated
-Learning"; a PerAda baseline, spec 003 §4): FedAvg on the clients, then the server distils the
+Learning"; a PerAda baseline, Sec. 7.1, Table 2): FedAvg on the clients, then the server distils the
 ensemble of the round's client models into the averaged model on unlabelled server data.
 
 Round t, participating clients S_t with local models W_m^{t+1} (FedAvg's local SGD):

@@ -62,7 +62,7 @@ class FedDynConfig:
     alpha: float = 0.01
     """alpha, the dynamic-regularisation coefficient in the local objective (a), the gradient-state
     update (b) and the server updates (c)-(d). 0.01 as in the FedPTR author's baseline harness and
-    the middle of spec 000_fedptr §4's grid {0.001, 0.01, 0.1}."""
+    the middle of {0.001, 0.01, 0.1} (docs/papers/baselines.md)."""
 
     def validate(self, p: str) -> None:
         check(self.alpha > 0, f"{p}.alpha", self.alpha, "a number > 0")

@@ -1,5 +1,5 @@
 """FedNH (Dai, Chen, Li, Heinecke, Sun, Xu, AAAI 2023, "Tackling Data Heterogeneity in Federated
-Learning with Class Prototypes"; spec 004 §2, official code's deviations marked [code]).
+Learning with Class Prototypes"; §3.2, Algorithm 1; official code's deviations marked [code]).
 
 Model: the classifier's head is replaced by C unit-norm class prototypes W (no bias) and a trainable
 scale s (:class:`fedpipe.models.prototype.PrototypeHead`), so with a body f
@@ -26,7 +26,7 @@ Round t (Algorithm 1, code version):
 normalize(S_{k,c}) is the renormalised class mean mu_{k,c} (Eq. 3) [code]; the ``paper`` variant
 averages the raw means with alpha_k = 1/|S^t| (App. A.2), zeros for clients without the class.
 
-Personalized model (spec §2.6): the client's latest local model, i.e. its trained body and s with the
+Personalized model (§4.1): the client's latest local model, i.e. its trained body and s with the
 prototypes W^t it received (they stay frozen). Global model: (theta^{t+1}, s^{t+1}, W^{t+1}).
 
 The client uploads the sums and counts as the extra group ``prototypes`` ({"sum": (C, d), "count":
@@ -70,7 +70,7 @@ class FedNHConfig:
     the others ([code]: Conv2CifarNH 1.0, ResNetModNH 20.0)."""
     aggregation: str = "code"
     """How client class means are combined into a_c: ``code`` (sample-count weighted mean of the
-    renormalised client means, renormalised; the official code, spec §2.5) or ``paper`` (Eq. 4 with
+    renormalised client means, renormalised; the official code, docs/papers/fednh.md) or ``paper`` (Eq. 4 with
     alpha_k = 1/|S^t|, raw means, zeros for non-owners)."""
 
     def validate(self, p: str) -> None:

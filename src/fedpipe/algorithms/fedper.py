@@ -1,5 +1,5 @@
 """FedPer (Arivazhagan et al. 2019, "Federated Learning with Personalization Layers"; settings of FedNH
-spec 004 §5): the last linear layer (``head``) is personal, the rest (the body) is shared and
+App. A.2): the last linear layer (``head``) is personal, the rest (the body) is shared and
 averaged as in FedAvg. Each client trains body and head together on its data; the global model keeps
 the initial head ("GM uses the initial head").
 """

@@ -1,5 +1,5 @@
 """FedProto (Tan et al., AAAI 2022, "FedProto: Federated Prototype Learning across Heterogeneous
-Clients"; a FedNH baseline in FedNH's implementation, spec 004 §5).
+Clients"; a FedNH baseline in FedNH's implementation, App. A.2).
 
 No model is shared: every client keeps its whole network (body f and a linear classifier g) and only
 class prototypes travel. Round t, client k, with the global prototypes {C_c}:
@@ -13,7 +13,7 @@ MSE is the mean over the batch and the feature dimensions (``nn.MSELoss()`` in t
 regularises from the first round towards the random initial prototypes). The local prototypes are
 the means of the embeddings of the training batches of the last local epoch, collected during
 training and detached ([code]: ``local_embedding_by_class`` is reset at every epoch; FedProto's Eq. 5
-is a mean over the local data, once per sample). lambda = 0.1 (spec 004 §5).
+is a mean over the local data, once per sample). lambda = 0.1 (FedNH App. A.2).
 
 Prediction (the personalized model): the nearest global prototype, argmin_c ||f(x) - C_c||
 (:class:`fedpipe.models.prototype.DistanceHead`, with the latest global prototypes). There is no
@@ -43,7 +43,7 @@ GROUP = "prototypes"
 @dataclass(frozen=True)
 class FedProtoConfig:
     lam: float = 0.1
-    """lambda, the weight of the prototype term MSE(f(x), C_y) (FedProto Eq. 8; spec 004 §5: 0.1)."""
+    """lambda, the weight of the prototype term MSE(f(x), C_y) (FedProto Eq. 8; FedNH App. A.2: 0.1)."""
 
     def validate(self, p: str) -> None:
         check(self.lam >= 0, f"{p}.lam", self.lam, "a number >= 0")

@@ -37,7 +37,7 @@ from fedpipe.tasks import Batch
 class FedProxConfig:
     mu: float = 0.01
     """mu, the proximal coefficient in h_k(w; w^t) = F_k(w) + mu/2 ||w - w^t||^2 (Eq. 2).
-    0.01 is in both specs' grids (000_fedptr §4: {0.001, 0.01, 0.1, 1}; 001_fedddpm §5: {0.01, 0.1})."""
+    0.01: neither FedPTR nor FedDDPM gives its value (docs/papers/baselines.md)."""
 
     def validate(self, p: str) -> None:
         check(self.mu >= 0, f"{p}.mu", self.mu, "a number >= 0")

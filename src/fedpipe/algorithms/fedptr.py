@@ -1,32 +1,32 @@
 """FedPTR and FedPTR-S (Chen, Cao, Wang, Hsieh, Chen, "Federated Learning with Projected Trajectory
-Regularization", arXiv 2312.14380, 2023; spec 000 §2).
+Regularization", arXiv 2312.14380, 2023; §3.1, Algorithms 2-3).
 
 A small synthetic set D~ (C classes x ``ipc`` images, fixed balanced labels) is fitted by Matching
 Training Trajectories (Algorithm 1, :mod:`fedpipe.fl.mtt`) to the last m rounds of the global
 trajectory, w^{t-m} -> w^t, and then *projects* the next step: K steps of gradient descent on D~
-from w^t (spec §2.3),
+from w^t (Algorithm 2 lines 9-11),
 
     w~^{t+1} = w^t;   w~^{t+1} <- w~^{t+1} - eta * grad L(w~^{t+1}; D~)   (K times).
 
 Each client starts from w^t and minimises its task loss plus a layer-adaptive pull toward w~^{t+1}
-(Eq. 2 with the layer-adaptive lambda, spec §2.4):
+(Eq. 2 with §3.1's layer-adaptive lambda):
 
     L(w; D_i) + sum_j (lambda_j / 2) ||w_[j] - w~_[j]||^2,   lambda_j = lambda / ||w_[j] - w~_[j]||,
 
 recomputed at every local step with the current weights. ``lambda_stop_gradient: true`` (default,
-the spec's reading) treats lambda_j as a constant, so the penalty's gradient for layer j is
+our reading) treats lambda_j as a constant, so the penalty's gradient for layer j is
 lambda (w_[j] - w~_[j]) / ||w_[j] - w~_[j]||, a pull of constant size lambda; ``false``
 backpropagates through lambda_j as well (half that gradient). A "layer" is one module (its weight
-and bias together; spec §2.4's recommendation). ``layer_adaptive: false`` is the fixed-lambda form
+and bias together; docs/papers/fedptr.md). ``layer_adaptive: false`` is the fixed-lambda form
 (lambda / 2) ||w - w~||^2 of Table 4. The norm is guarded with sqrt(sum d^2 + 1e-12). In rounds
 t <= m there is no trajectory yet: lambda~ = 0, plain FedAvg (Algorithms 2-3, lines 9-11).
 
 - ``fedptr`` (client side, Algorithm 2): each client keeps D~_i, its beta_i and the MTT momentum
   buffers in its client state (group ``syn``), initialised at its first selection with ``ipc`` of its
   own images, drawn uniformly with replacement, for each class it holds, and N(0, 1) noise in the
-  model's normalised input space for the others (spec §2.5). The client receives w^t and w^{t-m} (the
-  spec's simulation shortcut for partial participation: the server's history buffer, §2.6), runs MTT
-  and the projection itself, and trains.
+  model's normalised input space for the others (§3.1, "Initialization of the Auxiliary Dataset").
+  The client receives w^t and w^{t-m} (a simulation shortcut for partial participation: the
+  server's history buffer; docs/papers/fedptr.md), runs MTT and the projection itself, and trains.
 - ``fedptr_s`` (server side, Algorithm 3): one D~ on the server, from noise (created at the first
   MTT round from the stream ``fedptr-syn-init``), trained in ``server_update`` on the history of
   global models kept in ``state.extra`` (``hist_0`` = w^t, ..., ``hist_m`` = w^{t-m}). The projected
@@ -44,17 +44,17 @@ noise is N(0, 1) there, a client's real images are normalised with the model's o
 MTT, DSA and the projection run on the model without its ``normalize`` layer, so lr_img = 1000 and
 the DSA values mean what they mean in MTT.
 
-Reduced frequency (§2.8): MTT runs when the previous MTT run is at least ``mtt_every`` (F) rounds
+Reduced frequency (§5.3, Table 7): MTT runs when the previous MTT run is at least ``mtt_every`` (F) rounds
 old, or only once (``mtt_once``); the projection and the regularisation run every round t > m.
 
 Round indexing: the engine's round r (0-based) receives w^r. FedPTR-S's ``server_update`` of round r
 holds w^{t}, t = r + 1, and prepares w~^{t+1} for round t when t > m, exactly Algorithm 3's order.
 
-Hyperparameters (spec §2.9): lambda = 0.05 (§5.1), K = 5, eta = 0.01 (the overloaded symbol; the
-spec takes the client lr's value), ipc = 10, H = 20, R = 10, beta0 = 0.01 (stated); m = 1 (the paper
-gives no value: the spec's recommendation); lr_img = 1000, lr_beta = 1e-5, momentum 0.5, DSA on with
-``color_crop_cutout_flip_scale_rotate``, no ZCA (MTT defaults); beta_min = 0 (no clamp: the spec's
-inferred safeguard, off by default).
+Hyperparameters (§5.1): lambda = 0.05, K = 5, eta = 0.01 (the paper's symbol for both the projection
+lr and the client lr; one value for both), ipc = 10, H = 20, R = 10, beta0 = 0.01 (stated); m = 1 (the
+paper gives no value; docs/papers/fedptr.md); lr_img = 1000, lr_beta = 1e-5, momentum 0.5, DSA on
+with ``color_crop_cutout_flip_scale_rotate``, no ZCA (MTT defaults, which §5.1 adopts); beta_min = 0
+(no clamp: an optional safeguard of ours, off by default).
 """
 
 from __future__ import annotations
@@ -93,10 +93,11 @@ class FedPTRConfig:
     layer_adaptive: bool = True
     """lambda_j per layer (all reported results) or one fixed lambda (Table 4's "fixed")."""
     lambda_stop_gradient: bool = True
-    """lambda_j is a constant in the gradient (the spec's reading; the paper does not say)."""
+    """lambda_j is a constant in the gradient (our reading, docs/papers/fedptr.md; the paper does not
+    say)."""
     window: int = 1
-    """m, the trajectory window w^{t-m} -> w^t (Alg. 2 line 8); the paper gives no value, the spec
-    recommends 1."""
+    """m, the trajectory window w^{t-m} -> w^t (Alg. 2 line 8); the paper gives no value; 1
+    is our choice (docs/papers/fedptr.md)."""
     proj_steps: int = 5
     """K, gradient steps of the projection (Alg. 2 lines 9-11)."""
     proj_lr: float = 0.01
@@ -116,7 +117,7 @@ class FedPTRConfig:
     mtt_momentum: float = 0.5
     """Momentum of both MTT optimisers (MTT default)."""
     beta_min: float = 0.0
-    """Clamp beta >= beta_min after each step (inferred safeguard, spec §7.8; 0 = off)."""
+    """Clamp beta >= beta_min after each step (a safeguard of ours, not in the paper; 0 = off)."""
     dsa: bool = True
     """Differentiable augmentation in the student steps (MTT default: on)."""
     dsa_strategy: str = "color_crop_cutout_flip_scale_rotate"
@@ -170,7 +171,7 @@ class FedPTRNoProjConfig(FedPTRConfig):
     """The control: the layer-adaptive pull aimed at w^t, without MTT or projection."""
 
 
-# -- the layer-adaptive penalty (Eq. 2, spec §2.4) ------------------------------------------------
+# -- the layer-adaptive penalty (Eq. 2, §3.1) -----------------------------------------------------
 def layer_groups(names: list[str]) -> list[list[str]]:
     """Parameter names grouped by module (``body.0.weight`` and ``body.0.bias`` are one layer)."""
     groups: dict[str, list[str]] = {}
@@ -244,7 +245,7 @@ class FedPTRS(Strategy):
         return {n: weights[n] for n in self.param_names()}
 
     def mtt_due(self, t: int, last_mtt: int | None) -> bool:
-        """Whether round t runs MTT (§2.8): never run yet, or the last run >= F rounds old."""
+        """Whether round t runs MTT (§5.3): never run yet, or the last run >= F rounds old."""
         if last_mtt is None:
             return True
         return not self.cfg.mtt_once and t - last_mtt >= self.cfg.mtt_every
@@ -375,7 +376,7 @@ class FedPTR(FedPTRS):
                            meta=state.meta)
 
     def init_synthetic(self, data: ClientData, gen: torch.Generator) -> SyntheticSet:
-        """§2.5: per class, ``ipc`` own images (uniform with replacement) or noise, all in
+        """§3.1: per class, ``ipc`` own images (uniform with replacement) or noise, all in
         normalised units."""
         model = self.scratch_model_instance()
         n, ipc = model.num_classes, self.cfg.ipc

@@ -1,5 +1,5 @@
 """FedRep (Collins et al., ICML 2021, "Exploiting Shared Representations for Personalized Federated
-Learning"; settings of FedNH spec 004 §5, "official implementation"): the head is personal, the body
+Learning"; settings of FedNH App. A.2, "official implementation"): the head is personal, the body
 shared. Each round client i, from the global body phi and its own head h_i:
 
     1. ``head_epochs`` epochs on h_i with phi fixed:   h_i <- argmin_h  f_i(phi, h)

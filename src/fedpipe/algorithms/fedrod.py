@@ -1,5 +1,5 @@
 """FedRoD (Chen and Chao, ICLR 2022, "On Bridging Generic and Personalized Federated Learning for Image
-Classification"; a FedNH baseline, spec 004 §5).
+Classification"; a FedNH baseline, §4.1 and App. A.2).
 
 The model is a shared body f_theta with two heads on its features z = f_theta(x): a generic head g
 (shared) and a personalized head p_i. Client i in round t:

@@ -1,5 +1,5 @@
 """FedSim and FedAlt (Pillutla, Malik, Mohamed, Rabbat, Sanjabi, Xiao, ICML 2022, "Federated Learning
-with Partial Model Personalization"; PerAda baselines, spec 003 §4, each with a personal input layer,
+with Partial Model Personalization"; PerAda baselines (Sec. 7, Table 1), each with a personal input layer,
 output layer or adapter).
 
 The parameters split into shared u and personal v_i (``part``); client i minimises F_i(u, v_i).
@@ -22,9 +22,9 @@ FedSim is FedPer and FedAlt is FedRep's alternation with its own epoch counts.
   paper's "adapter + shared full model", 12.59 M trained for ResNet-18 in Table 1). With this part
   the method puts PerAda's adapters into the study's ResNet itself (``adapt_model``; nothing frozen;
   PerAda's adapter dropout 0.3 and init std 1e-4, since the paper gives no FedSim/FedAlt adapter
-  settings, spec §4); a model without BasicBlocks is refused;
+  settings); a model without BasicBlocks is refused;
 - ``modules``: the module names listed in ``modules``.
-Epochs (not given by PerAda, spec gap 18): the personal and shared phases of FedAlt each take the
+Epochs (not given by PerAda): the personal and shared phases of FedAlt each take the
 client's ``fl.local`` epochs unless ``personal_epochs`` / ``shared_epochs`` are set.
 
 Reference check (tests/test_equivalence_flbench_ref.py, docs/papers/baselines.md): with

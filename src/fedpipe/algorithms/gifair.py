@@ -1,6 +1,6 @@
 """GIFAIR-FL-Global (Yue, Nouiehed & Al Kontar, "GIFAIR-FL: A Framework for Group and Individual
 Fairness in Federated Learning", INFORMS J. Data Science 2023, arXiv 2108.02741), the "GIFAIR"
-baseline of Equitable-FL (spec 002 §4), given the oracle groups (the partition's planted groups;
+baseline of Equitable-FL (§5.2), given the oracle groups (the partition's planted groups;
 Equitable-FL's authors supplied them).
 
 Objective: the FedAvg objective plus the spread of the group losses,
@@ -20,9 +20,9 @@ f_k(w_t), its mean local training loss under the received global model, before t
 without a report yet counts as equal to every other: sign 0).
 
 Choices where the papers are silent (inferred, config values):
-- ``lam`` = lambda = 0.1, **inferred**. Neither Equitable-FL nor the spec gives it (spec 002 §2.9
-  "Not given", §7.12), GIFAIR-FL treats it as a tuning parameter, and its paper is not in the
-  project's library (papers/ and specs/ re-checked). c_k > 0 for every client needs
+- ``lam`` = lambda = 0.1, **inferred**. Equitable-FL does not give it (§5.2 names the
+  baseline only), GIFAIR-FL treats it as a tuning parameter, and its paper is not in the
+  project's library (re-checked). c_k > 0 for every client needs
   lambda (d - 1) n / |G_s| < 1: 0.1 meets it on the two-group partitions (MNIST / CIFAR-10's
   4 + 6 clients: lambda < 0.4; the smoke study's 3 + 7: lambda < 0.3); on CIFAR-100's 2 + 3 + 5
   (d = 3) it is at the bound (lambda < 0.1), so the 2-client group's c_k reaches 0 in rounds where
@@ -52,8 +52,8 @@ from fedpipe.tasks import Batch
 @dataclass(frozen=True)
 class GIFAIRConfig:
     lam: float = 0.1
-    """lambda, the weight of the group-loss spread in F(w). Inferred: neither Equitable-FL nor the
-    spec gives it and GIFAIR-FL is not in the library (see the module docstring)."""
+    """lambda, the weight of the group-loss spread in F(w). Inferred: Equitable-FL does not give it
+    and GIFAIR-FL is not in the library (see the module docstring)."""
 
     def validate(self, p: str) -> None:
         check(self.lam >= 0, f"{p}.lam", self.lam, "a number >= 0")

@@ -1,6 +1,6 @@
 """LG-FedAvg (Liang, Liu, Ziyin, Allen, Auerbach, Brent, Salakhutdinov, Morency, 2020, "Think Locally,
-Act Globally: Federated Learning with Local and Global Representations"; a PerAda baseline, spec 003
-§4: "personal feature extractor, shared head").
+Act Globally: Federated Learning with Local and Global Representations"; a PerAda baseline,
+Sec. 7 and Table 1: personal feature extractor, shared head).
 
 Each client k keeps a local representation (the body, theta_k^l) and shares the global head
 (theta^g). In round t client k trains (theta_k^l, theta^g) jointly on its data with its task loss and

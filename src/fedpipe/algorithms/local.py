@@ -1,4 +1,4 @@
-"""Local training without communication (the "Local" baseline of FedNH, spec 004 §5, and PerAda).
+"""Local training without communication (the "Local" baseline of FedNH, App. A.2, and PerAda).
 
 Each client trains its own model alone, starting from the common initial model, for as many rounds
 as it is selected ("each client is trained for exactly the same number of rounds as its counterpart

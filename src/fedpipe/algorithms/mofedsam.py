@@ -93,14 +93,15 @@ DELTAS = ("auto", "displacement", "mean_gradient")
 class MoFedSAMConfig:
     rho: float = 0.05
     """rho, the SAM perturbation radius in e = rho g / ||g|| (Alg. 2, ascent step). 0.05 is SAM's
-    default and in spec 001_fedddpm §5's grid {0.01, 0.05} (the FedDDPM paper gives no value); it
+    default (the FedDDPM paper gives no value; docs/papers/baselines.md); it
     needs no per-track value (measured on the DDPM track: see the module docstring)."""
     alpha: float = 0.1
     """alpha, the weight of the local SAM gradient in v = alpha g_sam + (1 - alpha) Delta (Alg. 2,
-    momentum mixing); 0.1 per spec 001_fedddpm §5 ("momentum factor ~ 0.1, per Qu et al.")."""
+    momentum mixing); 0.1, FL-Simulator's default (the FedDDPM paper gives no value;
+    docs/papers/baselines.md)."""
     global_lr: float = 1.0
     """eta_g, the server step in x <- x + eta_g avg (x_i - x) (Alg. 2, server update); 1.0 makes the
-    server model the clients' average (inferred: the FedDDPM spec gives no value)."""
+    server model the clients' average (inferred: the FedDDPM paper gives no value)."""
 
     delta: str = "auto"
     """How a client measures Delta_i, the unit of the global momentum (Alg. 2). ``displacement``:

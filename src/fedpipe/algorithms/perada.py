@@ -1,5 +1,5 @@
 """PerAda (Xie et al., CVPR 2024, "PerAda: Parameter-Efficient Federated Learning Personalization with
-Generalization Guarantees"; spec 003 §2): personalized FL with residual adapters on a frozen
+Generalization Guarantees"; §4, Algorithm 1): personalized FL with residual adapters on a frozen
 pretrained backbone u, and server-side ensemble distillation of the global adapter.
 
 The model is the study's ResNet with two adapters per BasicBlock (``fedpipe.models.adapters``); the
@@ -10,7 +10,7 @@ Client m in round t, given the global adapter w^t:
     (Personal Obj)  v_m <- argmin_v  L_m(u, v) + lam ||v - w^t||^2       E epochs of SGD, v_m kept
     (Global Obj)    theta_m <- argmin_theta L_m(u, theta), theta init w^t  E epochs of SGD, uploaded
 
-  lambda convention: the official code's, ``CE + lam * ||v - w||^2`` with no 1/2 (spec §2.3); the
+  lambda convention: the official code's, ``CE + lam * ||v - w||^2`` with no 1/2 (docs/papers/perada.md); the
   paper's (lam_paper / 2) ||v - w||^2 has lam_paper = 2 lam. Both adapters use ``fl.local`` (epochs,
   lr, batch size, SGD), v_m first, then theta_m, as the code does. Only theta_m is communicated.
 
@@ -23,9 +23,9 @@ on batches of an unlabelled distillation set (server data ``distill``: the gener
 ``holdout``: a held-out real slice), Adam with cosine decay over the R steps
 (:func:`fedpipe.algorithms.feddf.distill`). ``kd: false`` is "PerAda w/o KD" (w^{t+1} = w^{t,0}).
 Teachers are in eval mode (the official code leaves them in train mode, dropout and batch-stat BN on:
-spec §7.6); the student trains in train mode, as in the code. Not done: the code's selection of the
-KD checkpoint on a *labelled* server validation split (spec §2.5, not in the paper): the result is
-w^{t,R} as in Alg. 1.
+docs/papers/perada.md); the student trains in train mode, as in the code. Not done: the code's
+selection of the KD checkpoint on a *labelled* server validation split (docs/papers/perada.md; not in
+the paper): the result is w^{t,R} as in Alg. 1.
 
 Personal model (the paper is silent; both as the official code, where each client's personal model
 is a whole model of its own, a copy of the initial global model):
@@ -46,7 +46,7 @@ Backbone: where the model starts is the pipeline's, for every algorithm
 ``algorithms.perada``); PerAda's default is ``fedavg`` (the paper's Fig. 5 alternative to ImageNet
 weights: the plain model trained with FedAvg on the federation's data by the pipeline's ``backbone``
 stage, then frozen). ``none`` is Fig. 5's random init; a safetensors path gives e.g. torchvision's
-ImageNet ResNet-18 weights (never downloaded). The head is always freshly initialised (spec §2.2).
+ImageNet ResNet-18 weights (never downloaded). The head is always freshly initialised (docs/papers/perada.md).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class PerAdaConfig(DistillConfig):
     kd: bool = True
     """Server-side ensemble distillation of the global adapter (false: "PerAda w/o KD")."""
     adapter_dropout: float = ADAPTER_DROPOUT
-    """Dropout inside each adapter (code default 0.3; spec §2.2)."""
+    """Dropout inside each adapter (the official code's default, 0.3)."""
     adapter_init_std: float = ADAPTER_INIT_STD
     """Std of the adapters' 1x1 conv init, N(0, std^2) (code: 1e-4; near identity)."""
 

@@ -1,5 +1,5 @@
 """pFedMe (T. Dinh, Tran, Nguyen, NeurIPS 2020, "Personalized Federated Learning with Moreau
-Envelopes"; a PerAda baseline, spec 003 §4).
+Envelopes"; a PerAda baseline, Sec. 7).
 
 Client i's personalized model theta_i is the proximal point of its loss around its copy w_i of the
 global model (the Moreau envelope, Eq. 2-3):
@@ -18,9 +18,9 @@ The client uploads w_i; the server moves the global model (line 12):
 
 The personalized model is the client's last theta_i.
 
-Hyperparameters: K = 3 (PerAda spec 003 §4); lambda in the paper's lambda/2 convention (PerAda's grid
+Hyperparameters: K = 3 (PerAda App. A.2); lambda in the paper's lambda/2 convention (PerAda's grid
 {0.1, 1} is shared with Ditto and PerAda; the PerAda study sets the same value as for Ditto). Not given
-by the spec, so config values: eta_p (default: the client lr) and beta = 1. Step 1 is plain gradient
+by PerAda, so config values: eta_p (default: the client lr) and beta = 1. Step 1 is plain gradient
 descent (pFedMe's own optimizer: ``fl.local``'s optimizer, momentum, weight decay and clipping are
 not used, only its lr, lr decay, batch size and epochs / steps); step 2 likewise; buffers
 (BatchNorm statistics) follow theta's forward passes and are uploaded with w_i.
@@ -50,7 +50,7 @@ class PFedMeConfig:
     lam: float = 1.0
     """lambda of the Moreau envelope, lambda/2 ||theta - w||^2 (PerAda's grid {0.1, 1})."""
     inner_steps: int = 3
-    """K, gradient steps on theta per batch (PerAda spec 003 §4: K = 3)."""
+    """K, gradient steps on theta per batch (PerAda App. A.2: K = 3)."""
     personal_lr: float | None = None
     """eta_p of step 1; None = the client lr (not given by PerAda)."""
     beta: float = 1.0

@@ -1,6 +1,6 @@
 """FedProx + power-of-choice client selection (Cho, Wang & Joshi, "Client Selection in Federated
 Learning: Convergence Analysis and Power-of-Choice Selection Strategies", arXiv 2010.01243), the
-"Fedprox + pow-d" baseline of Equitable-FL (spec 002 §4).
+"Fedprox + pow-d" baseline of Equitable-FL (§5.2).
 
 Round k (``pi_pow-d``):
 
@@ -12,8 +12,8 @@ Round k (``pi_pow-d``):
    averages as FedProx does (``fl.aggregation``).
 
 Choices where the papers are silent (config values):
-- ``candidates`` = d, **inferred**. Equitable-FL does not give it (spec 002 §2.9 "Not given", §7.12),
-  and Cho et al.'s paper is not in the project's library (papers/ and specs/ re-checked; Flower's
+- ``candidates`` = d, **inferred**. Equitable-FL does not give it (§5.2 names the baseline only),
+  and Cho et al.'s paper is not in the project's library (re-checked; Flower's
   ``PowerOfChoice`` defaults to d = m, which is plain random selection). Cho et al. vary d as a
   multiple of the number of selected clients m; the default ``null`` = 2r takes the smallest multiple
   that makes the selection non-trivial (with Table 1's n = 10, r = 4: 8 candidates of 10).
@@ -40,8 +40,8 @@ from fedpipe.fl.strategy import Probe, ServerState, uniform_selection
 class PowDConfig(FedProxConfig):
     candidates: int | None = None
     """d, the size of the candidate set, in [r, N] (an error otherwise, checked before any data
-    loads); null = 2r (all N clients when 2r >= N). Inferred: neither Equitable-FL nor the
-    spec gives d, and Cho et al. is not in the library (see the module docstring)."""
+    loads); null = 2r (all N clients when 2r >= N). Inferred: Equitable-FL does not give d,
+    and Cho et al. is not in the library (see the module docstring)."""
 
     def validate(self, p: str) -> None:
         super().validate(p)

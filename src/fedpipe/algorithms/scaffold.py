@@ -23,7 +23,7 @@ Implementation choices (documented, not in the paper):
   (1/N) sum, because c must stay the average of all N c_i.
 - K is the number of local steps actually taken and eta_l the local lr of the round
   (``fl.local.lr * lr_decay^round``). With momentum or Adam the correction is added to the gradient
-  before the optimizer step (spec 001 §5, inferred).
+  before the optimizer step (inferred; docs/papers/baselines.md).
 - c and c_i are gradients. Option II reads c_i+ off the displacement, which is right for plain SGD
   only: there y_i = x - eta_l sum_k (g_k + c - c_i), so option II is (1/K) sum_k g_k, the mean raw
   gradient of the local steps. Under Adam the displacement is K steps of Adam's normalised update
@@ -86,8 +86,8 @@ CONTROL_VARIATES = ("auto", "option2", "mean_gradient")
 @dataclass(frozen=True)
 class ScaffoldConfig:
     global_lr: float = 1.0
-    """eta_g, the server step size in x <- x + eta_g avg_i (y_i - x) (Alg. 1 line 17); 1.0 as in
-    spec 000_fedptr §4 and 001_fedddpm §5 ("option II, global lr 1")."""
+    """eta_g, the server step size in x <- x + eta_g avg_i (y_i - x) (Alg. 1 line 17); 1.0: neither FedPTR
+    nor FedDDPM gives it (docs/papers/baselines.md)."""
 
     control_variate: str = "auto"
     """How c_i+ is computed (Alg. 1 line 12). ``option2``: c_i - c + (x - y_i) / (K eta_l), the

@@ -1,5 +1,5 @@
 """Claims: each paper's headline claims, encoded as checks on a study's numbers and judged over the
-study's replicates (DESIGN.md §2, "Claims"; the longer explanation is docs/claims.md).
+study's replicates (the rule and what it can show: docs/claims.md).
 
 A :class:`Claim` compares two arms of one track (``diffusion`` or ``classification``) on one metric:
 the method's value is ``lower`` or ``higher`` than the baseline's, it ``match``-es the baseline's

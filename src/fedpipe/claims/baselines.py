@@ -4,7 +4,7 @@ final global model on the global test set, ``test_accuracy``; higher is better).
 Each paper claims its method beats FedAvg on non-IID (heterogeneous) client data; the pipeline's
 studies are such data, so the claim is checked on whatever partition the study uses. The papers do
 not run our datasets or partitions, so ``source`` cites where each paper makes the claim, not a number
-to compare with ours. Later papers disagree in places (FedPTR's Table 1, spec 000, has FedDC below
+to compare with ours. Later papers disagree in places (FedPTR's Table 1 has FedDC below
 FedAvg on CIFAR-10 Dir(0.01)): that is why each claim is judged on the study's own seeds.
 
 - SCAFFOLD: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",

@@ -1,14 +1,15 @@
 """Equitable-FL's headline claims (Upadhyay & Hashemi, "Equitable Federated Learning with Activation
-Clustering", arXiv 2410.19207; spec 002 §5-§6), as checks on the classification track, and the
+Clustering", arXiv 2410.19207; §5.3, Tables 2-3, Figs. 2-4), as checks on the classification track, and the
 report section that prints our Acc and σ_Acc beside the paper's Tables 2-3 (:func:`report_section`;
 Centralized, the pooled-data reference row, included).
 
-Metrics (the evaluate stage, per algorithm and seed; spec §3.6): ``sigma_acc_global`` /
+Metrics (the evaluate stage, per algorithm and seed; §5.2): ``sigma_acc_global`` /
 ``sigma_acc_std`` the two readings of σ_Acc for the final global model over the clients' local test
 splits (RMS deviation from the global test accuracy / standard deviation of the client accuracies);
 ``sigma_acc_global_cma`` its mean over the rounds (the paper's Fig. 4 plots cumulative moving
 averages); ``cd_mean`` client disagreement (eq. 9, over each round's participants) averaged over
-rounds; ``test_accuracy`` the final global model on the global test set (spec §3.6 item 1's default);
+rounds; ``test_accuracy`` the final global model on the global test set (our reading of "Acc"; the
+paper does not say);
 ``nmi_mixed_mean`` the clustering NMI averaged over the rounds whose participants span at least two
 planted groups.
 
@@ -35,12 +36,12 @@ scales down; the direction holds in all eight columns of Tables 2-3 unless said)
    with >= 2 groups among the participants: in a round whose participants all come from one group
    K-Means still forms C clusters and scikit-learn's NMI is 0 by construction (the true labelling
    has no entropy), which says nothing about recovery; the all-round mean is reported beside it.
-5. The baselines' ordering (§5 and Table 2; spec §6.6): FairFed's σ_Acc is above FedProx's (MNIST
+5. The baselines' ordering (§5.3 and Table 2): FairFed's σ_Acc is above FedProx's (MNIST
    20.2 vs 2.26), as are Cluster2's (4.51) and pow-d's (3.61).
 
 σ_Acc's resolution: a client's accuracy is measured on its local test split. The Equitable-FL
 studies give each client every test image of the classes it holds (``partition.local_test:
-classes``, the spec's reading of the paper's per-client test set): on the digits smoke study the
+classes``, our reading of the paper's per-client test set): on the digits smoke study the
 groups' splits hold 135 and 315 images (a step of 0.74 and 0.32 points), on mnist5k 500 and 750
 (0.2 and 0.13 points), against the paper's MNIST gap of 1.1 points (2.26 vs 1.17).
 docs/papers/equitable_fl.md.
@@ -173,7 +174,8 @@ def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]
     lines = ["## Equitable-FL protocol: accuracy and σ_Acc beside the paper's Tables 2-3", "",
              "Ours: mean ± std over seeds of the final global model: Acc on the global test set (%), "
              "σ_Acc(g) = RMS deviation of the clients' accuracies from it and σ_Acc(s) = their std "
-             "(percentage points, spec §3.6's two readings), CD (eq. 9, mean over rounds) and NMI "
+             "(percentage points, the two readings of docs/papers/equitable_fl.md), CD (eq. 9, mean "
+             "over rounds) and NMI "
              "(rounds with ≥ 2 planted groups). Paper: mean ± over 3 runs, Table 2 (simple CNN/MLP, "
              "K = 250) and Table 3 (ResNet-18, K = 100), "
              + (f"{ds} column." if same else

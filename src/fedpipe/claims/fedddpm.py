@@ -1,11 +1,11 @@
 """FedDDPM's headline claims (Peng et al., "Federated Learning for Diffusion Models", arXiv
-2503.06426; spec 001 §6-§7), as checks on the diffusion track (FID of the final global model, lower
-is better; the stop round of FedDDPM+).
+2503.06426; Tables I-IV, Sections VI-B to VI-E), as checks on the diffusion track (FID of the final
+global model, lower is better; the stop round of FedDDPM+).
 
 Encoded as the paper states them, with the paper's numbers in ``source``. The paper's table column is
 ``study.paper_reference``; when that is null (the default study: digits, 2 shards per client),
-Table I's MNIST 15% Shard column, the configuration the spec calls the most robust and the issue
-cites. The directions below are the same in Table I's 30% Shard column.
+Table I's MNIST 15% Shard column, where the paper's gap is largest (FedAvg 5.822 against FedDDPM
+1.910) and the one the issue cites. The directions below are the same in Table I's 30% Shard column.
 
 1. FedDDPM's FID is lower than each baseline's (FedAvg, FedProx, SCAFFOLD, MoFedSAM): Tables I-III,
    all 18 configurations.
@@ -13,7 +13,7 @@ cites. The directions below are the same in Table I's 30% Shard column.
 3. The ordering of the baselines against FedAvg in the reference column (Table I, MNIST 15% Shard:
    FedProx 5.714, SCAFFOLD 4.889 and MoFedSAM 4.840 against FedAvg 5.822, all lower). The order among
    the three non-IID fixes is not encoded: the paper's text and table disagree on it (VI-B calls
-   SCAFFOLD the best baseline on MNIST 15% Shard, Table I has MoFedSAM lower; spec §8.13).
+   SCAFFOLD the best baseline on MNIST 15% Shard, Table I has MoFedSAM lower).
 4. FedDDPM+ roughly matches FedDDPM (Section VI-C: "slightly lower performance"). Tolerance rule: the
    largest relative FID gap |FedDDPM+ - FedDDPM| / FedDDPM that the paper itself reports over the six
    columns of the reference dataset's table (Table I: 14.6%, 15% Shard 2.188 vs 1.910; Table II:

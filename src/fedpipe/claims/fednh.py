@@ -1,5 +1,5 @@
 """FedNH's headline claims (Dai et al., "Tackling Data Heterogeneity in Federated Learning with Class
-Prototypes", AAAI 2023; spec 004 §6-§7) on the classification track, and the report section that
+Prototypes", AAAI 2023; §4.2, Tables 1-2) on the classification track, and the report section that
 prints our GM / PM(V) / PM(L) / across-client std beside the paper's Tables 1 and 2.
 
 Metrics (the evaluate stage): GM = ``test_accuracy`` (the global model on the balanced test set),

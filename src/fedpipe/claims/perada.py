@@ -1,20 +1,20 @@
-"""PerAda's headline claims (Xie et al., CVPR 2024; spec 003 §6.1), as checks on the classification
+"""PerAda's headline claims (Xie et al., CVPR 2024; Sec. 7.1, Tables 1-2), as checks on the classification
 track (``data/evaluate/seeds.json``). Encoded as the paper states them (Table 1, CIFAR-10 columns),
 with the paper's numbers in ``source``; whether they hold is for the study's seeds to say.
 
-1. Parameter efficiency (§6.1.1): PerAda trains a small share of the model (1.41 M of 11.18 M,
+1. Parameter efficiency (Sec. 7.1, Table 1): PerAda trains a small share of the model (1.41 M of 11.18 M,
    12.6%, for ResNet-18), against the whole model for full-model methods (FedAvg+FT: 11.18 M).
    Metric ``trainable_share`` (trainable / parameters of the model without adapters). A property of
    the architecture, the same on every replicate (SE = 0 by construction): a fact, reported beside
    the claims and never counted as a held claim.
-2. KD improves the generalization of the personalized models (§6.1.2, Table 1): PerAda's
+2. KD improves the generalization of the personalized models (Sec. 7.1, Table 1): PerAda's
    personalized Global-test accuracy above PerAda w/o KD's (59.05 vs 53.81), and their accuracy on
    corrupted test sets (CIFAR-10-C 48.53 vs 44.45). Metrics ``personal_global_mean``,
    ``personal_corrupt_mean``.
 3. ... without hurting personalization: Local-test within one point (Table 1: 91.82 vs 91.27, i.e.
    KD does not lower it). Encoded as a match of ``personal_acc_mean`` with a tolerance of one point
    relative to the w/o-KD value (1 / 91.27 = 1.1%): two-sided, which the paper's +0.55 satisfies.
-4. Partial-model pFL generalizes worse under corruption (§6.1.5, Table 1 CIFAR-10-C): FedRep 30.68
+4. Partial-model pFL generalizes worse under corruption (Table 1, CIFAR-10-C): FedRep 30.68
    and LG-FedAvg 26.83 below Ditto 44.32 and PerAda 48.53. Four claims (each partial-model method
    against each of the two); an arm missing from the study shows as "not evaluated".
 5. Table 1's headline against the full-model baselines (Sec. 7.1, "PerAda achieves competitive
@@ -36,7 +36,7 @@ with the paper's numbers in ``source``; whether they hold is for the study's see
 The report section (:func:`report_section`, studies that run PerAda) prints our personalized
 Local-test / Global-test / corrupted accuracy and the global model's Global-test / corrupted accuracy
 beside Table 1's and Table 2's CIFAR-10 columns (:data:`TABLE1`, :data:`TABLE2`, copied from the
-paper via spec §5) for the paper-scale study ``perada_cifar10``. FedSim / FedAlt are matched to the
+paper) for the paper-scale study ``perada_cifar10``. FedSim / FedAlt are matched to the
 row of their ``part`` (input layer, output layer, adapter).
 """
 

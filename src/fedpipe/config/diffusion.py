@@ -1,8 +1,8 @@
 """Diffusion-track params: sections ``diffusion`` (the DDPM), ``warmup`` (local DDPMs), ``generate``
 (the auxiliary set) and ``fid`` (the FID feature extractor and sample counts).
 
-Paper values (FedDDPM, ``../shared/specs/001_fedddpm.md``) are named in the docstrings; where the paper
-is silent the default is the spec's inferred one and is marked so.
+Paper values (FedDDPM, arXiv 2503.06426, Section VI-A) are named in the docstrings; where the paper
+is silent the default is an inferred one and is marked so (docs/papers/fedddpm.md).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class WarmupConfig:
     """Each client trains its own DDPM on its local data before FL (FedDDPM Sec. VI-A).
 
     ``epochs``: paper 200 (MNIST), 400 (CIFAR-10), 600 (CIFAR-100). Optimizer, lr and batch size are not
-    given for the warm-up; the spec's inference is the client settings (Adam, 2e-4, B = 128 / 64).
+    given for the warm-up; inferred: the client settings (Adam, 2e-4, B = 128 / 64).
     """
 
     epochs: int = 200

@@ -1,9 +1,9 @@
 """Corrupted copies of a test set (distribution-shift test splits, CIFAR-10-C style).
 
-PerAda (spec 003 §3.1, §3.4) reports accuracy on CIFAR-10-C (Hendrycks & Dietterich, "Benchmarking
-Neural Network Robustness to Common Corruptions and Perturbations", ICLR 2019). That data set cannot be
-downloaded here, so fedpipe regenerates corrupted copies of the official test split offline,
-deterministically, and caches them as safetensors files.
+PerAda (Sec. 7, Evaluation Metrics; App. A.1) reports accuracy on CIFAR-10-C (Hendrycks &
+Dietterich, "Benchmarking Neural Network Robustness to Common Corruptions and Perturbations", ICLR
+2019). That data set cannot be downloaded here, so fedpipe regenerates corrupted copies of the
+official test split offline, deterministically, and caches them as safetensors files.
 
 Six of the paper's corruptions are implemented, with the severity tables of the authors' CIFAR-10-C
 generator (``make_cifar_c.py`` in the ``hendrycks/robustness`` repository, ``ImageNet-C/create_c/``);

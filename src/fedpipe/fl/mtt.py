@@ -1,5 +1,5 @@
 """Matching Training Trajectories (MTT; Cazenavette et al., CVPR 2022) as FedPTR uses it (Chen et al.
-2023, arXiv 2312.14380, Algorithm 1; spec 000 §2.2), written with ``torch.func``.
+2023, arXiv 2312.14380, §3.1, Algorithm 1; settings §5.1), written with ``torch.func``.
 
 A synthetic set D~ = (X~, y~) with fixed, class-balanced hard labels y~ and a learnable student
 learning rate beta is optimised so that R student steps of full-batch gradient descent on D~, started
@@ -12,9 +12,9 @@ The inner gradient is ``torch.func.grad`` of ``functional_call``; the outer grad
 (``torch.func.grad_and_value`` with respect to X~ and beta) differentiates through all R unrolled
 steps, i.e. second order. Each of the H outer iterations takes one SGD-with-momentum step on X~
 (lr_img, MTT default 1000, momentum 0.5) and one on beta (lr_lr, MTT default 1e-5, momentum 0.5);
-the momentum buffers are kept with the set so that they persist across FL rounds (the spec's
-inferred reading of "D~ is updated in place"). beta is clamped to ``>= beta_min`` after each step
-(an inferred safeguard, spec §7.8; 0 disables it).
+the momentum buffers are kept with the set so that they persist across FL rounds (our reading of
+Algorithm 2's in-place update of D~; docs/papers/fedptr.md). beta is clamped to ``>= beta_min``
+after each step (a safeguard of ours, not in the paper; 0 disables it).
 
 A_r is MTT's differentiable Siamese augmentation (DSA) in "single" mode: one family drawn per call
 from ``color_crop_cutout_flip_scale_rotate`` with MTT's ``ParamDiffAug`` values (implemented here:
@@ -22,7 +22,8 @@ all six families: color = brightness, saturation and contrast in sequence; crop 
 up to ``ratio_crop_pad`` of the size, integer pixels; cutout; horizontal flip; scale; rotate). Every
 draw comes from the ``torch.Generator`` passed in. With ``augment=None`` no augmentation is applied.
 
-The projection (spec §2.3) is plain full-batch gradient descent on D~ (no momentum, no augmentation).
+The projection (Algorithm 2 lines 9-11) is plain full-batch gradient descent on D~ (no momentum, no
+augmentation).
 
 Input space: MTT distils images in the normalised space the network sees, ``(x - mean) / std`` (its
 ``distill.py`` normalises the real images before it initialises and trains the synthetic ones), so
@@ -197,7 +198,7 @@ def mtt_update(model: nn.Module, syn: SyntheticSet, w_start: Params, w_end: Para
 
 def project(model: nn.Module, w: Params, x: torch.Tensor, y: torch.Tensor, lr: float,
             steps: int) -> Params:
-    """K steps of plain full-batch gradient descent on D~ from ``w`` (spec §2.3)."""
+    """K steps of plain full-batch gradient descent on D~ from ``w`` (Algorithm 2 lines 9-11)."""
     w = {n: t.detach() for n, t in w.items()}
     for _ in range(steps):
         g = grad(lambda p: task_loss(model, p, x, y))(w)

@@ -3,8 +3,9 @@
 Generic and personalized evaluation share one function, `per_client_accuracy`:
 
 - generic: one model (the global model) on every client's local test split;
-- personalized: one model per client, client i's own model on client i's split (DESIGN §2,
-  "Evaluation"); a ``None`` entry marks a client without a personal model and gives NaN.
+- personalized: one model per client, client i's own model on client i's split
+  (docs/architecture.md, the round protocol's step 6); a ``None`` entry marks a client without a
+  personal model and gives NaN.
 
 Client i's feature skew is applied to its test inputs; noise skew draws from the stream
 (seed, "eval-noise", i) whichever model is evaluated, so the generic and the personalized models of a

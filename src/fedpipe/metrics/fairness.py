@@ -1,9 +1,9 @@
 """Fairness and clustering metrics of Equitable-FL (Upadhyay & Hashemi, "Equitable Federated Learning
-with Activation Clustering", arXiv 2410.19207, §5 "Evaluation metric"; spec 002 §3.6).
+with Activation Clustering", arXiv 2410.19207, §5.2, "Evaluation metric").
 
 - sigma_acc: "the standard deviation between the global test accuracy and each client's accuracy"
-  (refers to GIFAIR-FL). Two readings (spec 002 §3.6 item 2 and §7 item 8):
-  ``"global"`` (default, the literal reading the spec recommends): the root-mean-square deviation of
+  (refers to GIFAIR-FL). Two readings (docs/papers/equitable_fl.md, "σ_Acc: which reading is judged"):
+  ``"global"`` (default, the literal reading): the root-mean-square deviation of
   the client accuracies from the global test accuracy, sqrt(1/n sum_i (Acc_i - Acc_global)^2);
   ``"std"``: the ordinary standard deviation of the client accuracies about their own mean (the
   reading FedNH's fairness table uses, across clients' PM(L) accuracies). Log both.
@@ -39,7 +39,7 @@ def sigma_acc(acc: np.ndarray, global_acc: float | None = None, *, reading: str 
               ddof: int = 0) -> float:
     """Equitable-FL's sigma_Acc over the clients' accuracies ``acc`` (NaN clients skipped).
 
-    ``reading="global"`` (default; spec 002 §3.6 item 2, the literal reading):
+    ``reading="global"`` (default; the literal reading of §5.2, docs/papers/equitable_fl.md):
     sqrt(sum_i (acc_i - global_acc)^2 / (n - ddof)), the spread of the clients around the global
     model's test accuracy ``global_acc`` (required). ``reading="std"``: the standard deviation of the
     client accuracies about their mean, sqrt(sum_i (acc_i - mean)^2 / (n - ddof)), ``global_acc``

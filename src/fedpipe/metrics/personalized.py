@@ -1,7 +1,7 @@
 """FedNH's evaluation of personalized models on one balanced global test set: PM(V) and PM(L).
 
 Dai et al., "Tackling Data Heterogeneity in Federated Learning with Class Prototypes" (FedNH, AAAI
-2023), §4.1 "Evaluation Metrics", following FedROD; implementation notes in spec 004 §3. Every
+2023), §4.1 "Evaluation Metrics" and §4.2 (PM(V), PM(L)), following FedROD. Every
 personalized model is tested on the same (balanced) official test set D^test, and the local test
 distribution of client i is emulated by a weight alpha_i(y) per class:
 
@@ -26,7 +26,7 @@ classes is in the test set, or the client has no training data, its accuracy is 
 zero weight never contributes, whether or not it has test samples.
 
 Which model counts as personalized (the latest local model, a personal head, Ditto's model, ...) is
-the strategy's business (spec 004 §2.6, §3.2); this module only evaluates the models it is given.
+the strategy's business (FedNH §4.1); this module only evaluates the models it is given.
 No feature skew is applied: FedNH's protocol has label skew only.
 """
 
@@ -117,8 +117,8 @@ def weighted_client_accuracy(per_class_acc: np.ndarray, weights: np.ndarray,
 
 def pm_accuracy(models: Models, test_x: torch.Tensor, test_y: torch.Tensor, train_counts: np.ndarray,
                 mode: str, task, sample_weighted: bool = True) -> np.ndarray:
-    """FedNH's PM(V) (``mode="V"``) or PM(L) (``mode="L"``) accuracy of each client (FedNH §4.1, spec
-    004 §3): client i's model on the shared test set (``test_x``, ``test_y``), weighted by its class
+    """FedNH's PM(V) (``mode="V"``) or PM(L) (``mode="L"``) accuracy of each client (FedNH §4.1-§4.2):
+    client i's model on the shared test set (``test_x``, ``test_y``), weighted by its class
     weights from ``train_counts`` (shape (clients, C), training samples per client and class).
 
     ``models``: one model per client (None -> NaN), or one model for all (e.g. the global model seen

@@ -1,5 +1,5 @@
-"""Residual adapters on a frozen ResNet backbone (PerAda, Xie et al., CVPR 2024; spec 003 §2.2), and a
-small ResNet for CPU smoke studies.
+"""Residual adapters on a frozen ResNet backbone (PerAda, Xie et al., CVPR 2024; §4, footnote 1;
+docs/papers/perada.md), and a small ResNet for CPU smoke studies.
 
 PerAda follows Pillutla et al. 2022 (FL_partial_personalization), who take Rebuffi et al.'s (2017)
 residual adapter in series form:
@@ -29,7 +29,7 @@ Buffers of the adapter set (BN running statistics) travel with it, as in the off
 
 ``ResNet8`` (deviation, for the CPU smoke study only): a three-stage ResNet of one torchvision
 ``BasicBlock`` per stage (widths 8/16/32 by default) on which the same adapters sit; its trainable
-share is much larger than ResNet-18's (report the ratio you get, spec §6.2).
+share is much larger than ResNet-18's (the report shows the measured one).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ ADAPTER_INIT_STD = 1e-4
 
 
 class AdapterBlock(nn.Module):
-    """``x + conv1x1(dropout(bn(x)))``: Rebuffi et al.'s residual adapter, series form (spec §2.2)."""
+    """``x + conv1x1(dropout(bn(x)))``: Rebuffi et al.'s residual adapter, series form (PerAda's code)."""
 
     def __init__(self, planes: int, dropout: float = ADAPTER_DROPOUT,
                  init_std: float = ADAPTER_INIT_STD) -> None:
@@ -154,9 +154,9 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 def load_backbone(model: nn.Module, weights: dict[str, torch.Tensor],
                   skip: Sequence[str] = ("head.", "fc.")) -> list[str]:
     """Copy the backbone entries of ``weights`` into ``model`` (in place): every entry whose name
-    the model has with the same shape, except the head (PerAda's head is freshly initialised;
-    spec §2.2) and the adapters (a backbone file has none). BN running statistics are copied too
-    (a deliberate choice, spec §6.3: the official code copies parameters only; buffers are
+    the model has with the same shape, except the head (PerAda's head is freshly initialised,
+    as in its official code) and the adapters (a backbone file has none). BN running statistics are copied too
+    (a deliberate choice, docs/papers/perada.md: the official code copies parameters only; buffers are
     re-estimated in train mode either way). torchvision names (``layer1.0.conv1.weight``) map to a
     Classifier's (``body.layer1.0.conv1.weight``). Returns the names copied; a file that matches no
     backbone entry is an error."""
@@ -218,8 +218,7 @@ class _ResNetBody(nn.Module):
 class ResNet8(Classifier):
     """A small ResNet for CPU smoke studies (not from a paper): 3x3 stem, one torchvision
     ``BasicBlock`` per stage of ``widths`` (default 8/16/32, strides 1/2/2), average pool, linear
-    head. PerAda's adapters fit it unchanged (spec §6.2: "a ResNet-8/10 ... with the same per-block
-    adapters is a reasonable substitute")."""
+    head. PerAda's adapters fit it unchanged (a CPU stand-in of ours, docs/papers/perada.md)."""
 
     def __init__(self, in_shape: Shape, num_classes: int, *, widths: Sequence[int] = (8, 16, 32),
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None,

@@ -101,7 +101,7 @@ class MLP(Classifier):
     """Equitable-FL's MNIST "simple" model: Flatten -> Linear(in, 200) -> ReLU -> Linear(200, 200)
     -> ReLU -> Linear(200, C). ``feature_dim = hidden`` (200).
 
-    Paper: Equitable-FL (spec 002, §3.4). ``hidden`` is the paper's 200.
+    Paper: Equitable-FL (§5.1, MNIST). ``hidden`` is the paper's 200.
     """
 
     def __init__(self, in_shape: Shape, num_classes: int, *, hidden: int = 200,
@@ -121,7 +121,8 @@ class LeNet(Classifier):
     -> Conv(6, 16, 5) -> ReLU -> MaxPool2 -> FC 120 -> ReLU -> FC 84 -> ReLU -> FC C.
     ``feature_dim = 84``.
 
-    Paper: Equitable-FL (spec 002, §3.4); the FC widths 120/84 are inferred there from the tutorial.
+    Paper: Equitable-FL (§5.1, CIFAR-10); it gives no FC widths: 120/84 are the PyTorch tutorial's
+    (docs/papers/equitable_fl.md).
     Inferred here: inputs smaller than 16x16 (sklearn digits, 8x8) get ``padding=2`` in both convs
     ('same' convs, 8 -> 4 -> 2); ``padding=None`` picks 0 for >= 16x16 (CIFAR: the tutorial net,
     400 -> 120) and 2 below. MNIST 28x28 keeps padding 0 (flatten 16*4*4 = 256).
@@ -146,7 +147,7 @@ class CNNFedNH(Classifier):
     Conv(C, 64, 5) -> ReLU -> MaxPool2 -> Conv(64, 64, 5) -> ReLU -> MaxPool2 -> Linear(1600, 384)
     -> ReLU -> Linear(384, 192) -> ReLU -> head Linear(192, C, bias=False). ``feature_dim = 192``.
 
-    Paper: FedNH (Dai et al., AAAI 2023; spec 004, §4.2). ``channels=64``, ``hidden=(384, 192)`` and
+    Paper: FedNH (Dai et al., AAAI 2023; App. A.2, Listing 1). ``channels=64``, ``hidden=(384, 192)`` and
     ``head_bias=False`` are the listing's values. Inferred here (the paper only uses 3x32x32): the
     same padding rule as `LeNet` for inputs below 16x16, and the flatten size from the input shape.
     """
@@ -173,7 +174,7 @@ class ConvNet(Classifier):
     linear head. ``feature_dim = width * h * w`` after ``depth`` halvings (2048 on 3x32x32 and,
     with MTT's padding 3, on 1x28x28; 128 on 1x8x8).
 
-    Paper: FedPTR (spec 000, §3.2), defaults ``width=128``, ``depth=3`` from MTT's
+    Paper: FedPTR (§5.1: MTT's ConvNet), defaults ``width=128``, ``depth=3`` from MTT's
     ``get_default_convnet_setting``. InstanceNorm is MTT's ``GroupNorm(width, width, affine=True)``
     (buffer-free, which trajectory matching and FedAvg both prefer). As in MTT's ``_make_layers``,
     the first conv of a 1-channel input uses padding 3 (28x28 -> 32x32); ``first_padding``
@@ -204,12 +205,14 @@ class ResNet18(Classifier):
     stages [2, 2, 2, 2] of BasicBlocks (64/128/256/512), adaptive average pool;
     ``feature_dim = 512``.
 
-    Papers: Equitable-FL (spec 002, variant unstated; CIFAR-style inferred) and FedNH (spec 004,
-    §4.2: CIFAR-style, GroupNorm with 2 groups following FedDF). ``norm="batch"`` (torchvision's
-    default) or ``"group"`` (``GroupNorm(groups, c)``, ``groups=2`` as FedNH/FedDF; the common FL
-    choice, no running statistics). The stem takes ``C`` input channels, so 1-channel images work.
+    Papers: Equitable-FL (§5.1, variant unstated; CIFAR-style inferred, docs/papers/equitable_fl.md)
+    and FedNH (App. A.2: GroupNorm with 2 groups following FedDF; CIFAR-style as in its official
+    code, docs/papers/fednh.md). ``norm="batch"`` (torchvision's default) or ``"group"``
+    (``GroupNorm(groups, c)``, ``groups=2`` as FedNH/FedDF; the common FL choice, no running
+    statistics). The stem takes ``C`` input channels, so 1-channel images work.
     ``stem="imagenet"`` keeps torchvision's ImageNet stem instead (7x7 stride-2 conv and 3x3 stride-2
-    max-pool): PerAda's backbone (spec 003 §2.2, also on 32x32 CIFAR inputs).
+    max-pool): PerAda's backbone (Sec. 7; its official code feeds it 32x32 CIFAR inputs too,
+    docs/papers/perada.md).
     """
 
     def __init__(self, in_shape: Shape, num_classes: int, *, norm: str = "batch", groups: int = 2,

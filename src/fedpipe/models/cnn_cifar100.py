@@ -1,9 +1,9 @@
-"""Equitable-FL's CIFAR-100 CNN (spec 002 §3.4): "5 convolutional layers, each followed by ReLU, and 3
+"""Equitable-FL's CIFAR-100 CNN (§5.1): "5 convolutional layers, each followed by ReLU, and 3
 max-pooling layers", then two fully connected layers, the first down to 512 and the last 512 -> C.
 
-The paper gives neither channel widths, kernel sizes nor pool positions; inferred here (spec §3.4's
-suggestion): 3x3 convs with padding 1, widths 64, 128 | pool | 256, 256 | pool | 512 | pool, so a
-3x32x32 input gives 512x4x4 = 8192 -> Linear(8192, 512) -> ReLU (the penultimate features,
+The paper gives neither channel widths, kernel sizes nor pool positions; inferred here
+(docs/papers/equitable_fl.md): 3x3 convs with padding 1, widths 64, 128 | pool | 256, 256 | pool |
+512 | pool, so a 3x32x32 input gives 512x4x4 = 8192 -> Linear(8192, 512) -> ReLU (the penultimate features,
 ``feature_dim = 512``, Equitable-FL's activation vectors) -> head Linear(512, C).
 """
 

@@ -1,5 +1,5 @@
 """FedNH's prototype head (Dai et al., "Tackling Data Heterogeneity in Federated Learning with Class
-Prototypes", AAAI 2023; spec 004 §2.2-§2.3) and FedProto's nearest-prototype head.
+Prototypes", AAAI 2023; §3.2, Eqs. 1-2) and FedProto's nearest-prototype head.
 
 :class:`PrototypeHead` replaces a classifier's linear head by C unit-norm class prototypes W (rows,
 no bias) and a scale s:
@@ -20,7 +20,7 @@ Random draws use torch's global RNG, which the pipeline seeds from the stream (s
 for every model it builds (``pipeline.common.make_model``), so every client and the server get the
 same prototypes (the official code reseeds for the same reason).
 
-:class:`DistanceHead` is FedProto's inference rule (spec 004 §5, FedNH's FedProto code): the class
+:class:`DistanceHead` is FedProto's inference rule (as in FedNH's FedProto code): the class
 whose global prototype p_c is nearest, logits_c = -||f(x) - p_c||^2, beside an ordinary linear head
 (``linear``) that local training fits with cross-entropy.
 """

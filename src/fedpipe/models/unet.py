@@ -6,7 +6,7 @@ network is diffusers' ``UNet2DModel`` (library first); this module only fixes th
 ``forward(x_t, t, y=None) -> eps`` signature the tasks use. The diffusion itself (noise schedule, loss,
 samplers) lives in :mod:`fedpipe.tasks.diffusion`.
 
-Presets (``UNET_PRESETS``; spec 001 section 3.2, parameter counts with diffusers 0.42.1):
+Presets (``UNET_PRESETS``; FedDDPM Section VI-A1, parameter counts with diffusers 0.42.1):
 
 - ``mnist_paper`` (1x28x28, 11.83 M): 3 levels at 28/14/7 with channels 128, 128, 256 and one residual
   block per level (paper); no attention anywhere (the paper mentions none; inferred).

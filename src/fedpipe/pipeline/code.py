@@ -1,7 +1,7 @@
 """The code each DVC stage runs, as one small file per stage script: ``data/plan/code/<stage>.json``.
 
-A stage's result must be re-computed when any code it runs changes (DESIGN.md §3). Listing that code
-as DVC deps (about twenty files and folders of ``src/`` per stage) made every stage's entry in
+A stage's result must be re-computed when any code it runs changes (docs/architecture.md). Listing that
+code as DVC deps (about twenty files and folders of ``src/`` per stage) made every stage's entry in
 ``dvc.lock`` about 180 lines, and DVC re-reads and re-writes the whole lock file after every stage it
 runs: in an eight-replicate smoke of about a hundred stages, the lock file grew past 20,000 lines and
 its handling took more of the wall time than the training (docs/architecture.md, "One code file

@@ -120,7 +120,7 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
               "copies of the test set, mean over severities then corruptions (study.corruptions), of "
               "the global model and (mean over clients) of the clients' own models."]
     if any("sigma_acc_global" in m for m in metrics.values()):
-        lines += ["", "Equitable-FL's metrics (spec 002 §3.6): σ_acc(g) = √(mean_i (Acc_i − Acc_global)²) "
+        lines += ["", "Equitable-FL's metrics (§5.2): σ_acc(g) = √(mean_i (Acc_i − Acc_global)²) "
                   "and σ_acc(s) = std_i Acc_i of the final global model over the clients' local test "
                   "splits; CMA columns are their means over all rounds (the paper's curves are "
                   "cumulative moving averages); CD = eq. (9) over each round's participants (ordered "
@@ -278,7 +278,7 @@ LAST_ROUNDS = 5
 
 def last_rounds_accuracy(history: list[dict[str, float]], k: int = LAST_ROUNDS) -> float:
     """Mean global test accuracy of the last ``k`` evaluated rounds (FedPTR's reported metric,
-    spec 000 §2.6; with ``fl.eval_every: 1`` the last k rounds)."""
+    FedPTR §5; with ``fl.eval_every: 1`` the last k rounds)."""
     accs = [h["test_accuracy"] for h in history if "test_accuracy" in h]
     return float(np.mean(accs[-k:])) if accs else float("nan")
 
@@ -313,7 +313,7 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
     """Metrics of one run (algorithm, seed): generic (the global model on the global test set and on
     each client's local test split) and, for a method with personal models, personalized (each
     client's own model on its split, and FedNH's PM(V) / PM(L): its model on the global test set
-    weighted by the classes it owns / its label distribution; spec 004 §3). A method without a
+    weighted by the classes it owns / its label distribution; FedNH §4.1-§4.2). A method without a
     global model (Local) has no generic metrics: they are absent, and ``generic`` is None."""
     model = make_model(cfg, ds)
     weights = load_tensors(run / "model.safetensors", stage_of(cfg))

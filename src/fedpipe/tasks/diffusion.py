@@ -1,7 +1,7 @@
 """DDPM training and sampling as a :class:`~fedpipe.tasks.Task`: the loss FedDDPM federates.
 
-Papers: FedDDPM (Peng et al., "Federated Learning for Diffusion Models", arXiv 2503.06426; spec 001,
-sections 2.1, 2.8 and 3.2) trains, on every client, in the warm-up and in the server calibration, the
+Papers: FedDDPM (Peng et al., "Federated Learning for Diffusion Models", arXiv 2503.06426; Sections
+III-A1, VI-A1 and VI-A2) trains, on every client, in the warm-up and in the server calibration, the
 simplified DDPM objective of Ho et al. ("Denoising Diffusion Probabilistic Models", NeurIPS 2020):
 
 - forward process, closed form (eq. 3):   x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps,  eps ~ N(0, I),
