@@ -665,3 +665,24 @@ def test_vectorised_rule_is_the_rule_judge_all_applies():
         want = ["held" if h else "contradicted" if c else "not shown"
                 for h, c in zip(held[0], contra[0], strict=True)]
         assert status == want
+
+
+def test_report_sections_come_from_the_studys_papers_and_the_report_names_none():
+    """The report asks the claims registry for each paper's tables beside ours
+    (``report_sections``); it imports no paper's module by name (issue 28)."""
+    import ast
+
+    from fedpipe.claims import fednh as fednh_claims
+    from fedpipe.claims import report_sections
+    from fedpipe.config.fl import StudyConfig
+
+    metrics = {"fednh": {"test_accuracy": 0.4, "test_accuracy_std": 0.01, "pm_v_mean": 0.3,
+                         "pm_l_mean": 0.5, "pm_l_client_std": 0.04, "seeds": 3}}
+    study = StudyConfig(name="fednh_cifar100", algorithms=["fednh", "fedavg"])
+    assert report_sections(study, metrics) == fednh_claims.report_section(study, metrics) != []
+    # the same arms, the study reporting another paper only: FedNH's tables are not its to show
+    assert report_sections(replace(study, papers=["baselines"]), metrics) == []
+    report = Path(__file__).resolve().parents[1] / "src/fedpipe/pipeline/report.py"
+    imported = {n.module for n in ast.walk(ast.parse(report.read_text()))
+                if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in imported if m.startswith("fedpipe.claims.")}, imported

@@ -426,6 +426,21 @@ def study_papers(study: StudyConfig) -> list[str]:
             if set(m.ARMS) & (classification if getattr(m, "ARM_TRACK", None) else both)]
 
 
+def report_sections(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]],
+                    algorithms: Mapping[str, Any] | None = None) -> list[str]:
+    """Markdown: the paper's tables beside ours, for each of the study's papers
+    (:func:`study_papers`) whose module has ``report_section(study, metrics, algorithms)``
+    (``metrics``: the classification track's per-algorithm means; ``algorithms``: the params'
+    ``algorithms`` section), in the registry's order. The report calls this and knows no paper by
+    name: a later paper adds its section to its own module."""
+    mods, lines = _modules(), []
+    for key in study_papers(study):
+        section = getattr(mods[key], "report_section", None)
+        if section is not None:
+            lines += section(study, metrics, algorithms or {})
+    return lines
+
+
 def paper_claims(study: StudyConfig) -> dict[str, list[Claim]]:
     """The registry: the claims (and facts) of each of the study's papers (:func:`study_papers`)."""
     mods = _modules()

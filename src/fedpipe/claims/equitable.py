@@ -54,7 +54,7 @@ the paper gives it "just for reference" and claims nothing of it, so it is print
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedpipe.claims import Claim
 
@@ -163,7 +163,8 @@ def _paper(row: tuple[float, float, float, float] | None, i: int) -> str:
     return "—" if row is None else f"{row[i]:.2f} ± {row[i + 1]:g}"
 
 
-def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
+def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]],
+                   algorithms: Mapping[str, Any] | None = None) -> list[str]:
     """Markdown: our Acc, both σ_Acc readings, CD and NMI per algorithm (mean ± std over seeds)
     beside the paper's Acc and σ_Acc of Table 2 (simple CNN/MLP) and Table 3 (ResNet-18) for the
     study's dataset (MNIST for the digits smoke study). Empty for a study without Equitable-FL."""

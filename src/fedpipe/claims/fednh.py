@@ -38,7 +38,7 @@ test nothing (claim 3 holds FedNH above Local).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedpipe.claims import Claim
 
@@ -147,7 +147,8 @@ def paper_dataset(study: StudyConfig) -> str | None:
     return name if name in TABLE1 else None
 
 
-def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
+def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]],
+                   algorithms: Mapping[str, Any] | None = None) -> list[str]:
     """Markdown: GM, PM(V), PM(L) and the across-client std of PM(L) per algorithm (mean ± std over
     seeds), beside Table 1's Dir(0.3) / Dir(1.0) columns and Table 2's std for the dataset the study
     reproduces (paper numbers only for ``fednh_cifar10`` / ``fednh_cifar100``). Empty for a study

@@ -43,7 +43,7 @@ FedPTR-S rows on CIFAR10), as
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedpipe.claims import Claim
 
@@ -188,7 +188,8 @@ def _ours(m: Mapping[str, float]) -> str:
     return f"{100 * v:.2f}" + (f" ± {100 * std:.2f}" if std is not None and n > 1 else "")
 
 
-def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
+def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]],
+                   algorithms: Mapping[str, Any] | None = None) -> list[str]:
     """Markdown: our mean test accuracy of the last 5 rounds per algorithm (mean ± std over seeds)
     beside every column of the paper's Tables 1 and 2 (and 4 and 7 where they have it) for the dataset the
     study reproduces. The smoke study (digits, not in the paper) shows the CIFAR10 columns, which its

@@ -18,7 +18,8 @@ Sections of ``report.md``:
   (FedDDPM+'s QuickTest), server optimizer steps and training time; with ``study.paper_reference``,
   the paper's FID for the same algorithm beside ours (and FedDDPM+'s stop round).
 - Classification track: the accuracy metrics of the ``evaluate`` stage, mean +- std over seeds, and the
-  personalized columns when an algorithm has them.
+  personalized columns when an algorithm has them; then each of the study's papers' own tables beside
+  ours, from its claims module (``fedpipe.claims.report_sections``: this stage names no paper).
 - Claims: the headline claims of the study's papers (``study.papers``, :mod:`fedpipe.claims`): the
   paper's numbers, ours (each arm's mean with a 95% t-interval over replicates and every replicate's
   value, the difference likewise), the p-value with its Holm adjustment, and the verdict (held /
@@ -51,13 +52,10 @@ from fedpipe.claims import (
     judge_all,
     min_detectable_lines,
     paper_summaries,
+    report_sections,
     study_papers,
     summary,
 )
-from fedpipe.claims import equitable as equitable_claims
-from fedpipe.claims import fednh as fednh_claims
-from fedpipe.claims import fedptr as fedptr_claims
-from fedpipe.claims import perada as perada_claims
 from fedpipe.config.fl import StudyConfig
 from fedpipe.errors import InputError
 from fedpipe.io import read_json_input, read_table, save_figure, write_csv, write_json, write_text
@@ -450,10 +448,7 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     cls, cls_seeds = read_classification(evaluate_dir)
     tracks["classification"] = cls_seeds
     lines += classification_table(cls) + [""]
-    lines += fednh_claims.report_section(study, cls)  # Table 1/2 beside ours (FedNH studies)
-    lines += fedptr_claims.report_section(study, cls)  # Tables 1/2/7 beside ours (FedPTR)
-    lines += equitable_claims.report_section(study, cls)  # Tables 2-3 beside ours
-    lines += perada_claims.report_section(study, cls, algorithms)  # Table 1/2 (PerAda studies)
+    lines += report_sections(study, cls, algorithms)  # each paper's tables beside ours
     results = judge_all(all_claims(study), tracks)
     table = claims_table(results, study_papers(study)) + [""]
     lines += table
