@@ -387,9 +387,10 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         state = strategy.server_update(state, rnd)
         sizes = np.array([u.num_samples for u in updates], dtype=np.float64)
         losses = np.array([u.metrics.get("loss", np.nan) for u in updates])
-        record: dict[str, float] = {"round": float(r + 1),
-                                    "train_loss": float((sizes * losses).sum() / sizes.sum()),
-                                    "clients": float(len(selected))}
+        record: dict[str, float] = {"round": float(r + 1)}
+        if sizes.sum() > 0:  # a round in which no client trained (aux_only) has no clients' loss
+            record["train_loss"] = float((sizes * losses).sum() / sizes.sum())
+        record["clients"] = float(len(selected))
         record |= {k: float(v) for k, v in strategy.round_metrics(state, rnd).items()}
         stopped = state.meta.get("stopped_at") is not None  # the strategy ended training
         interrupted = stop_after is not None and r + 1 >= stop_after

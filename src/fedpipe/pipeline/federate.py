@@ -166,7 +166,10 @@ def plot_history(history: list[dict[str, float]], title: str, metric: str = "tes
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     r = [h["round"] for h in history]
-    axes[0].plot(r, [h["train_loss"] for h in history], label="train loss (clients)")
+    trained = [h for h in history if "train_loss" in h]  # none where no client trains (aux_only)
+    if trained:
+        axes[0].plot([h["round"] for h in trained], [h["train_loss"] for h in trained],
+                     label="train loss (clients)")
     ev = [h for h in history if metric in h]
     tested = [h for h in history if "test_loss" in h]  # none without a global model (Local)
     if tested:

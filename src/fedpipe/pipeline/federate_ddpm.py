@@ -214,7 +214,7 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
              "stop_fraction": (meta.get("stopped_at") or result.rounds_done) / cfg.fl.rounds,
              "corrected_at": meta.get("corrected_at"),  # a server correction's round (FedDDPM+)
              "server_steps": meta.get("server_steps", 0),
-             "final_train_loss": result.history[-1]["train_loss"],
+             "final_train_loss": result.history[-1].get("train_loss"),  # None: no client trains
              "test_loss": [h for h in result.history if "test_loss" in h][-1]["test_loss"],
              "train_seconds_now": seconds, "resumed_from": result.resumed_from}
     write_json(out / "metrics.json", final)
