@@ -27,32 +27,21 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import pytest
 import torch
 from device_harness import DeviceHarness
-from test_device_clean import BATCHED, result_digests, run_method, run_track
+from test_device_clean import BATCHED, named_tensors, result_digests, run_method, run_track
 
 from fedpipe.algorithms import ALGORITHMS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from tensors(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from tensors(v)
-
-
 def check_on_gpu_and_finite(result) -> None:
     where = {"weights": result.state.weights, "extra": result.state.extra,
              "clients": {str(k): v for k, v in result.client_states.items()}}
     for part, obj in where.items():
-        for t in tensors(obj):
+        for path, t in named_tensors(obj, part):
             if t.is_floating_point():  # integer bookkeeping may stay on the CPU by choice
-                assert t.device.type == "cuda", f"{part}: a {tuple(t.shape)} tensor on {t.device}"
-                assert bool(torch.isfinite(t).all()), f"{part}: a non-finite {tuple(t.shape)} tensor"
+                assert t.device.type == "cuda", f"{path}: a {tuple(t.shape)} tensor on {t.device}"
+                assert bool(torch.isfinite(t).all()), f"{path}: a non-finite {tuple(t.shape)} tensor"
 
 
 @pytest.fixture(autouse=True)

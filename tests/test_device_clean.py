@@ -140,22 +140,26 @@ def run_method(name: str, executor: str = "serial", device: str = "cpu"):
                          score=score)
 
 
+def named_tensors(obj, prefix: str = ""):
+    """``(path, tensor)`` for every tensor of a (nested) mapping or sequence, mappings in sorted
+    key order (``/k/0``: key ``k``, item 0)."""
+    if isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            yield from named_tensors(obj[k], f"{prefix}/{k}")
+    elif isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            yield from named_tensors(v, f"{prefix}/{i}")
+
+
 def digest(obj) -> str:
     """sha256 over every tensor of a (nested) mapping, in sorted key order."""
     h = hashlib.sha256()
-
-    def walk(o, prefix: str) -> None:
-        if isinstance(o, dict):
-            for k in sorted(o, key=str):
-                walk(o[k], f"{prefix}/{k}")
-        elif isinstance(o, torch.Tensor):
-            t = o.detach().cpu().contiguous()
-            h.update(f"{prefix}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())
-        elif isinstance(o, list | tuple):
-            for i, v in enumerate(o):
-                walk(v, f"{prefix}/{i}")
-    walk(obj, "")
+    for path, o in named_tensors(obj):
+        t = o.detach().cpu().contiguous()
+        h.update(f"{path}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())
     return h.hexdigest()
 
 

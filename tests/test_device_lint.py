@@ -40,11 +40,16 @@ def test_the_lint_finds_a_factory_without_device():
     assert offenders(code, "m.py") == ["m.py:3 torch.randn", "m.py:4 torch.Generator"]
 
 
-@pytest.mark.parametrize("package", CHECKED)
-def test_every_factory_names_its_device(package):
+def package_offenders(package: str, lint) -> list[str]:
+    """What ``lint(source, filename)`` reports over every file of ``src/fedpipe/<package>``."""
     files = sorted((SRC / package).rglob("*.py"))
     assert files
-    found = [o for f in files for o in offenders(f.read_text(), str(f.relative_to(SRC.parents[1])))]
+    return [o for f in files for o in lint(f.read_text(), str(f.relative_to(SRC.parents[1])))]
+
+
+@pytest.mark.parametrize("package", CHECKED)
+def test_every_factory_names_its_device(package):
+    found = package_offenders(package, offenders)
     assert not found, "torch factories without device= (docs/device.md):\n" + "\n".join(found)
 
 
@@ -80,7 +85,5 @@ def test_the_lint_finds_numpy_of_a_tensor_not_on_the_cpu():
 
 @pytest.mark.parametrize("package", CHECKED)
 def test_every_numpy_call_brings_its_tensor_to_the_cpu(package):
-    files = sorted((SRC / package).rglob("*.py"))
-    found = [o for f in files for o in numpy_offenders(f.read_text(),
-                                                        str(f.relative_to(SRC.parents[1])))]
+    found = package_offenders(package, numpy_offenders)
     assert not found, ".numpy() of a tensor that may be on the GPU (docs/device.md):\n" + "\n".join(found)
