@@ -79,6 +79,15 @@ def main() -> int:
     if args.write_order:
         write_order(args.write_order)
         return 0
+    if not args.order.is_file():
+        print(f"error: --order={args.order}; allowed: a stage-order file (make one where DVC is "
+              f"installed: --write-order {args.order})", file=sys.stderr)
+        return 2
+    stages = [line.split("|", 1)[0] for line in args.order.read_text().splitlines()]
+    if args.stop_after is not None and args.stop_after not in stages:
+        print(f"error: --stop-after={args.stop_after}; allowed: one of {', '.join(stages)}",
+              file=sys.stderr)
+        return 2
     return run(args.order, args.out, args.tracking, args.stop_after)
 
 
