@@ -122,3 +122,16 @@ def test_committed_params_yaml_is_what_conf_composes(tmp_path):
         (repo / "params.yaml").read_text()))
     differ = sorted(k for k in want.keys() | have.keys() if want.get(k, "-") != have.get(k, "-"))
     assert not differ, f"params.yaml differs from conf/ at {differ[:10]}: run `make params`"
+
+
+def test_every_registered_algorithm_has_its_defaults_in_conf():
+    """A study that names an algorithm needs its `algorithms.<name>` section: each federate stage
+    declares it as a DVC param, and DVC stops at the stage where it is missing ("Parameters
+    'algorithms.fedptr_noproj' are missing from 'params.yaml'", after 30 minutes of a smoke study)."""
+    from fedpipe.algorithms import ALGORITHMS
+
+    repo = Path(__file__).resolve().parents[1]
+    conf = yaml.safe_load((repo / "conf" / "algorithms" / "default.yaml").read_text())
+    params = yaml.safe_load((repo / "params.yaml").read_text())["algorithms"]
+    assert sorted(set(ALGORITHMS) - set(conf)) == [], "add them to conf/algorithms/default.yaml"
+    assert sorted(set(ALGORITHMS) - set(params)) == [], "run `make params`"
