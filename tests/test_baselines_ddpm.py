@@ -32,9 +32,7 @@ from fedpipe.algorithms.mofedsam import (
     sam_grads_fn,
 )
 from fedpipe.algorithms.scaffold import (
-    accumulate_gradients,
     control_variate_rule,
-    corrected_grad_hook,
     mean_gradient_control_variate,
     option2_control_variate,
 )
@@ -42,7 +40,7 @@ from fedpipe.config import ConfigError
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
 from fedpipe.fl import Payload
-from fedpipe.fl.local import local_train
+from fedpipe.fl.local import accumulate_gradients, corrected_grad_hook, local_train
 from fedpipe.fl.state import clone, trainable
 
 DT = torch.float64

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from fedpipe.data import ClientData
-from fedpipe.fl.state import ClientState, ClientUpdate, Payload, ServerState, Weights
+from fedpipe.fl.state import ClientState, ServerState, Weights
 from fedpipe.fl.strategy import Strategy
 
 LOCAL_MODEL = "local_model"
@@ -68,16 +68,8 @@ class FedAvg(KeepsLocalModel):
     def keeps_local_model(self) -> bool:
         return self.cfg.keep_local_model
 
-    def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
-                      gen: torch.Generator, client_id: int = 0
-                      ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
-        update, client_state, metrics = super().client_update(payload, client_state, data, gen,
-                                                              client_id)
-        return update, self.remember(client_state, update.weights), metrics
-
-    def batched_finish(self, plan, payload, client_state, data, client_id, weights, metrics,
-                       grad_sum):
-        update, client_state, metrics = super().batched_finish(plan, payload, client_state, data,
-                                                               client_id, weights, metrics,
-                                                               grad_sum)
+    def finish_update(self, plan, payload, client_state, data, client_id, weights, metrics,
+                      grad_sum):
+        update, client_state, metrics = super().finish_update(plan, payload, client_state, data,
+                                                              client_id, weights, metrics, grad_sum)
         return update, self.remember(client_state, update.weights), metrics

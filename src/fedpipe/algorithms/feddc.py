@@ -53,10 +53,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.scaffold import correct_gradients, option2_control_variate
+from fedpipe.algorithms.scaffold import option2_control_variate
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
+from fedpipe.fl.local import correct_gradients, local_train
 from fedpipe.fl.state import (
     ClientUpdate,
     Payload,

@@ -69,10 +69,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedpipe.algorithms.scaffold import accumulate_gradients, rule_for_optimizer, server_step
+from fedpipe.algorithms.scaffold import rule_for_optimizer, server_step
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
-from fedpipe.fl.local import GradsFn, LossFn, local_train
+from fedpipe.fl.local import GradsFn, LossFn, accumulate_gradients, local_train
 from fedpipe.fl.state import (
     ClientUpdate,
     Payload,

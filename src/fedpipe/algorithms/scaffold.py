@@ -47,9 +47,11 @@ Implementation choices (documented, not in the paper):
   the server step x <- x + eta_g avg dy_i like the weights.
 - c_i starts at 0 and is created the first time client i is sampled (a missing entry reads as 0).
 
-:func:`correct_gradients` and :func:`option2_control_variate` are reused by FedDC (whose option II
-has the same limitation under Adam), :func:`accumulate_gradients` by MoFedSAM; the small state-dict
-helpers below are shared by the other algorithm modules.
+:func:`option2_control_variate` is reused by FedDC (whose option II has the same limitation under
+Adam), the server step by MoFedSAM; the gradient correction itself is
+:func:`fedpipe.fl.local.corrected_grad_hook`, which every executor's local step applies from
+:meth:`Scaffold.local_plan`. The small state-dict helpers below are shared by the other algorithm
+modules.
 
 Reference check (tests/test_equivalence_flbench_ref.py, docs/papers/baselines.md): client steps,
 option-II c_i and the server's x and c equal PFLlib's SCAFFOLD to 2.2e-16 in float64 with
@@ -58,7 +60,6 @@ option-II c_i and the server's x and c equal PFLlib's SCAFFOLD to 2.2e-16 in flo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +67,6 @@ from torch import nn
 
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
-from fedpipe.fl.local import local_train
 from fedpipe.fl.state import (
     ClientUpdate,
     Payload,
@@ -78,7 +78,7 @@ from fedpipe.fl.state import (
     sum_over_clients,
     trainable,
 )
-from fedpipe.fl.strategy import BatchedPlan, ClientState, RoundInfo, Strategy, check_num_clients
+from fedpipe.fl.strategy import ClientState, LocalPlan, RoundInfo, Strategy, check_num_clients
 
 CONTROL_VARIATES = ("auto", "option2", "mean_gradient")
 
@@ -119,26 +119,6 @@ def control_variate_rule(choice: str, optimizer: str) -> str:
     return rule_for_optimizer(choice, optimizer, "option2")
 
 
-def accumulate_gradients(total: Weights, params: dict[str, nn.Parameter]) -> None:
-    """total <- total + grad for each parameter with a gradient (one without adds nothing)."""
-    for n, p in params.items():
-        if p.grad is not None:
-            total[n].add_(p.grad)
-
-
-def corrected_grad_hook(params: dict[str, nn.Parameter], correction: Weights,
-                        grad_sum: Weights | None = None) -> Callable[[nn.Module], None]:
-    """The ``grad_hook`` of a SCAFFOLD local step (Alg. 1 line 10): adds the raw stochastic
-    gradient g_i(y_i) to ``grad_sum`` (when given), then grad <- grad + correction."""
-
-    def hook(model: nn.Module) -> None:
-        if grad_sum is not None:
-            accumulate_gradients(grad_sum, params)
-        correct_gradients(params, correction)
-
-    return hook
-
-
 def mean_gradient_control_variate(grad_sum: Weights, steps: float, c_i: Weights) -> Weights:
     """c_i+ = (1/K) sum_k g_i(y_{i,k}): the mean raw (uncorrected) stochastic gradient of the K local
     steps. With plain SGD, y_i = x - eta_l sum_k (g_k + c - c_i), so option II's
@@ -147,15 +127,6 @@ def mean_gradient_control_variate(grad_sum: Weights, steps: float, c_i: Weights)
     if steps == 0:
         return {n: v.clone() for n, v in c_i.items()}
     return {n: grad_sum[n] / steps for n in c_i}
-
-
-def correct_gradients(params: dict[str, nn.Parameter], correction: Weights) -> None:
-    """grad <- grad + correction (a parameter without a gradient gets the correction alone)."""
-    for n, p in params.items():
-        if p.grad is None:
-            p.grad = correction[n].clone()
-        else:
-            p.grad.add_(correction[n])
 
 
 def option2_control_variate(c_i: Weights, c: Weights, x: Weights, y: Weights, steps: float,
@@ -185,49 +156,26 @@ class Scaffold(Strategy):
         return Payload(round=round_, weights=state.weights, extra=state.extra,  # x and c
                        client_id=client_id)
 
-    def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
-                      gen: torch.Generator, client_id: int = 0
-                      ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:
-        x = payload.weights
-        model = self.scratch_model(x)  # y_i <- x
-        params = trainable(model)
-        c = read(payload.extra.get("c"), params)
-        c_i = read(client_state.get("c_i"), params)
-        correction = {n: c[n] - c_i[n] for n in params}  # fixed during the round
-        rule = control_variate_rule(self.cfg.control_variate, self.local.optimizer)
-        grad_sum = ({n: torch.zeros_like(p.detach()) for n, p in params.items()}
-                    if rule == "mean_gradient" else None)
-        metrics = local_train(model, data, self.task, self.local, payload.round, gen,  # line 10
-                              grad_hook=corrected_grad_hook(params, correction, grad_sum))
-        y = clone(model.state_dict())
-        if rule == "mean_gradient":  # line 12, (1/K) sum_k g_i(y_{i,k}) along the trajectory
-            c_i_new = mean_gradient_control_variate(grad_sum, metrics["steps"], c_i)
-        else:  # line 12, option II
-            c_i_new = option2_control_variate(c_i, c, x, y, metrics["steps"],
-                                              self.local.lr_at(payload.round))
-        dc = {n: c_i_new[n] - c_i[n] for n in params}
-        update = ClientUpdate(client_id, len(data), y, extra={"dc": dc}, metrics=metrics)
-        return update, {"c_i": c_i_new}, metrics
-
-    def batched_plan(self, payload: Payload, client_state: ClientState, data: ClientData,
-                     client_id: int = 0) -> BatchedPlan:
-        """Line 10 for ``fl.executor: batched``: the correction c - c_i, and the raw-gradient sum
-        when the control variate is the mean gradient."""
+    def local_plan(self, payload: Payload, client_state: ClientState, data: ClientData,
+                   client_id: int = 0) -> LocalPlan:
+        """Lines 8-10: y_i <- x, then local steps with the gradient corrected by c - c_i (fixed
+        during the round), keeping the raw-gradient sum when the control variate is the mean
+        gradient; every executor trains it."""
         params = trainable(self.scratch_model_instance())
         c = read(payload.extra.get("c"), params)
         c_i = read(client_state.get("c_i"), params)
         rule = control_variate_rule(self.cfg.control_variate, self.local.optimizer)
-        return BatchedPlan(start=payload.weights, correction={n: c[n] - c_i[n] for n in params},
-                           grad_sum=rule == "mean_gradient",
-                           context={"c": c, "c_i": c_i, "rule": rule})
+        return LocalPlan(start=payload.weights, correction={n: c[n] - c_i[n] for n in params},
+                         grad_sum=rule == "mean_gradient",
+                         context={"c": c, "c_i": c_i, "rule": rule})
 
-    def batched_finish(self, plan, payload, client_state, data, client_id, weights, metrics,
-                       grad_sum):
-        """Lines 12-14 from the batched executor's trained weights y_i (as :meth:`client_update`)."""
+    def finish_update(self, plan, payload, client_state, data, client_id, weights, metrics,
+                      grad_sum):
+        """Lines 12-14 from the trained weights y_i: c_i+, and the upload (y_i, dc_i)."""
         c, c_i, rule = plan.context["c"], plan.context["c_i"], plan.context["rule"]
-        if rule == "mean_gradient":
+        if rule == "mean_gradient":  # line 12, (1/K) sum_k g_i(y_{i,k}) along the trajectory
             c_i_new = mean_gradient_control_variate(grad_sum, metrics["steps"], c_i)
-        else:
+        else:  # line 12, option II
             c_i_new = option2_control_variate(c_i, c, payload.weights, weights, metrics["steps"],
                                               self.local.lr_at(payload.round))
         dc = {n: c_i_new[n] - c_i[n] for n in c_i}

@@ -30,16 +30,17 @@ an epoch is short) are zero-padded to the largest and the loss of each client is
 real samples only (a 0/1 mask), which is the serial batch mean.
 
 **Which strategies batch.** A strategy opts in with the class attribute ``batchable = True`` (default
-False on :class:`~fedpipe.fl.strategy.Strategy`) and describes its client step through two hooks:
-``batched_plan(payload, client_state, data, client_id) ->``
-:class:`~fedpipe.fl.strategy.BatchedPlan` (the weights it starts from
-and the pieces of its local step the executor knows how to vectorise: a proximal term (FedProx), a
-fixed gradient correction and a running sum of raw gradients (SCAFFOLD)) and ``batched_finish(...)``
-(the update and client state from the trained weights, as its ``client_update`` builds them). The flag
-vouches for the ``client_update`` of the class that declares it: a subclass that overrides
-``client_update`` without declaring ``batchable`` again is not batched. Batched today: FedAvg, FedProx
-(and PowD, which trains as FedProx), SCAFFOLD (both control-variate rules), FedPer (personal head),
-FedDDPM and FedDDPM+ (FedAvg's client step).
+False on :class:`~fedpipe.fl.strategy.Strategy`). Its client step is stated once, for every
+executor: ``local_plan(payload, client_state, data, client_id) ->``
+:class:`~fedpipe.fl.strategy.LocalPlan` (the weights it starts from and the terms of its local
+objective: a proximal term (FedProx), a fixed gradient correction and a running sum of raw gradients
+(SCAFFOLD)) and ``finish_update(...)`` (the update and client state from the trained weights). The
+serial executor trains the plan with :func:`~fedpipe.fl.local.local_train`
+(:meth:`~fedpipe.fl.strategy.ClientSide.client_update`), this one vectorised. The flag vouches for
+the ``client_update`` of the class that declares it: a subclass that overrides ``client_update``
+(a local step beyond a plan) without declaring ``batchable`` again is not batched. Batched today:
+FedAvg, FedProx (and PowD, which trains as FedProx), SCAFFOLD (both control-variate rules), FedPer
+(personal head), FedDDPM and FedDDPM+ (FedAvg's client step).
 
 **Tasks.** Classification (cross-entropy) and diffusion (the DDPM eps-MSE of
 :class:`~fedpipe.tasks.diffusion.DiffusionTask`: each client's t and eps are drawn from its stream
@@ -71,7 +72,7 @@ from fedpipe.device import autocast
 from fedpipe.fl.executors import SerialExecutor
 from fedpipe.fl.local import iterate_batches, trainable_parameters
 from fedpipe.fl.state import Weights, repeated_names
-from fedpipe.fl.strategy import BatchedPlan, Strategy
+from fedpipe.fl.strategy import LocalPlan, Strategy, batches
 from fedpipe.rng import torch_generator
 
 log = logging.getLogger(__name__)
@@ -84,14 +85,9 @@ ADAM_UPDATE_RTOL = 1e-2
 
 
 def supports_batching(strategy: Strategy) -> bool:
-    """``strategy.batchable``, declared on a class at or below the one whose ``client_update`` it
-    runs (so a subclass with a client step of its own is not batched by inheritance)."""
-    cls = type(strategy)
-    if not getattr(cls, "batchable", False):
-        return False
-    flag_owner = next(c for c in cls.__mro__ if "batchable" in vars(c))
-    step_owner = next(c for c in cls.__mro__ if "client_update" in vars(c))
-    return issubclass(flag_owner, step_owner)
+    """Whether ``strategy``'s method declares a client step this executor runs
+    (:func:`fedpipe.fl.strategy.batches`)."""
+    return batches(type(strategy))
 
 
 def unsupported_reason(strategy: Strategy) -> str | None:
@@ -135,7 +131,7 @@ class BatchedExecutor:
             return SerialExecutor().run(strategy, payloads, jobs, seed)
         if not jobs:
             return []
-        plans = [strategy.batched_plan(payloads[cid], cstate, data, cid)
+        plans = [strategy.local_plan(payloads[cid], cstate, data, cid)
                  for cid, cstate, data in jobs]
         gens = [torch_generator(seed, "client-update", payloads[cid].round, cid)
                 for cid, _, _ in jobs]
@@ -144,7 +140,7 @@ class BatchedExecutor:
             raise ValueError(f"one round at a time; got payloads of rounds {sorted(rounds)}")
         trained = train_clients(strategy, plans, [d for _, _, d in jobs], gens, rounds.pop()
                                 if rounds else 0)
-        return [strategy.batched_finish(plan, payloads[cid], cstate, data, cid, w, m, gs)
+        return [strategy.finish_update(plan, payloads[cid], cstate, data, cid, w, m, gs)
                 for (cid, cstate, data), plan, (w, m, gs) in zip(jobs, plans, trained,
                                                                  strict=True)]
 
@@ -223,7 +219,7 @@ def batched_loss(task) -> ClassificationLoss | DiffusionLoss | None:
     return None
 
 
-def train_clients(strategy: Strategy, plans: Sequence[BatchedPlan], datas: Sequence,
+def train_clients(strategy: Strategy, plans: Sequence[LocalPlan], datas: Sequence,
                   gens: Sequence[torch.Generator], round_: int
                   ) -> list[tuple[Weights, dict[str, float], Weights | None]]:
     """Train every client of ``plans`` on its data; returns, per client in the given order, its

@@ -1,7 +1,9 @@
 """Executors: who runs a round's client work (``fl.executor``).
 
 An executor is handed the round's jobs, ``(client_id, client_state, data)`` sorted by client id, and
-runs ``strategy.client_update`` (or ``strategy.probe``) for each, with the client's own stream
+runs ``strategy.client_update`` (or ``strategy.probe``) for each: it sees a strategy's client side
+only (:class:`~fedpipe.fl.strategy.ClientSide`, and the declarations and helpers of
+:class:`~fedpipe.fl.strategy.Method`), never a server or evaluation hook, with the client's own stream
 ``(seed, "client-update", round, client)`` (``"client-probe"`` for probes), and returns the results
 in job order. :class:`SerialExecutor` is the reference; the batched executor
 (:mod:`fedpipe.fl.batched`) and the Ray executor (:mod:`fedpipe.fl.ray_executor`) compute the same
@@ -19,16 +21,16 @@ from fedpipe.fl.state import ClientState, ClientUpdate
 from fedpipe.rng import torch_generator
 
 if TYPE_CHECKING:
-    from fedpipe.fl.strategy import Strategy
+    from fedpipe.fl.strategy import ClientSide
 
 Job = tuple[int, ClientState, ClientData]
 
 
 class Executor(Protocol):
-    def run(self, strategy: Strategy, payloads: dict[int, Any], jobs: Sequence[Job],
+    def run(self, strategy: ClientSide, payloads: dict[int, Any], jobs: Sequence[Job],
             seed: int) -> list[tuple[ClientUpdate, ClientState, dict[str, float]]]: ...
 
-    def probe(self, strategy: Strategy, payloads: dict[int, Any], jobs: Sequence[Job],
+    def probe(self, strategy: ClientSide, payloads: dict[int, Any], jobs: Sequence[Job],
               seed: int) -> dict[int, dict[str, float]]: ...
 
 

@@ -1,9 +1,10 @@
 """Local training of one client: the inner loop every algorithm shares.
 
 Algorithms customise it through hooks instead of copying it:
-- ``loss_fn(model, batch) -> loss``: the local objective (FedProx adds its proximal term here);
+- ``loss_fn(model, batch) -> loss``: the local objective (FedProx's proximal term:
+  :func:`proximal_loss`);
 - ``grad_hook(model)``: called after the gradients are computed and before clipping/stepping
-  (SCAFFOLD and FedDC add their gradient corrections here);
+  (SCAFFOLD's and FedDC's gradient corrections: :func:`corrected_grad_hook`);
 - ``grads_fn(model, batch, loss_fn) -> loss``: replaces "forward + backward" entirely (SAM's two-pass
   step in MoFedSAM);
 - ``step_hook(model)``: called right after each optimizer step (e.g. an EMA of the weights).
@@ -187,3 +188,51 @@ def local_train(model: nn.Module, data: ClientData, task: Task, cfg: LocalTrainC
         losses.add(loss)
     opt.state.clear()  # free momentum / Adam moments now, as a discarded optimizer would
     return {"loss": losses.value(), "steps": float(losses.count)}
+
+
+# -- the terms of a local objective (fedpipe.fl.strategy.LocalPlan), for the serial executors -------
+def proximal_loss(task: Task, gen: torch.Generator, params: dict[str, nn.Parameter], mu: float,
+                  centre: dict[str, torch.Tensor] | None) -> LossFn | None:
+    """The ``loss_fn`` F_k(w) + mu/2 ||w - centre||^2 over ``params`` (FedProx, Eq. 2), or None (the
+    task loss alone) without a centre."""
+    if centre is None:
+        return None
+
+    def loss_fn(m: nn.Module, batch: Batch) -> torch.Tensor:
+        proximal = sum(((p - centre[n]) ** 2).sum() for n, p in params.items())
+        return task.loss(m, batch, gen) + mu / 2 * proximal
+
+    return loss_fn
+
+
+def accumulate_gradients(total: dict[str, torch.Tensor], params: dict[str, nn.Parameter]) -> None:
+    """total <- total + grad for each parameter with a gradient (one without adds nothing)."""
+    for n, p in params.items():
+        if p.grad is not None:
+            total[n].add_(p.grad)
+
+
+def correct_gradients(params: dict[str, nn.Parameter], correction: dict[str, torch.Tensor]) -> None:
+    """grad <- grad + correction (a parameter without a gradient gets the correction alone)."""
+    for n, p in params.items():
+        if p.grad is None:
+            p.grad = correction[n].clone()
+        else:
+            p.grad.add_(correction[n])
+
+
+def corrected_grad_hook(params: dict[str, nn.Parameter], correction: dict[str, torch.Tensor] | None,
+                        grad_sum: dict[str, torch.Tensor] | None = None) -> ModelHook | None:
+    """The ``grad_hook`` of a corrected local step (SCAFFOLD Alg. 1 line 10): adds the raw
+    stochastic gradient to ``grad_sum`` (when given), then grad <- grad + correction (when given).
+    None when there is neither."""
+    if correction is None and grad_sum is None:
+        return None
+
+    def hook(model: nn.Module) -> None:
+        if grad_sum is not None:
+            accumulate_gradients(grad_sum, params)
+        if correction is not None:
+            correct_gradients(params, correction)
+
+    return hook

@@ -296,7 +296,7 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     server_data_dir = server_data_dir or replicate_dir(SERVER_DATA_DIR, cfg.seed)
     part = load_partition(partition_path, cfg.seed)
     method = ALGORITHMS[cfg.algorithm]
-    if getattr(method, "needs_client_groups", False) and "groups" not in part.meta:
+    if method.needs_client_groups and "groups" not in part.meta:
         raise ConfigError("partition.scheme", part.meta["scheme"],
                           f"label_blocks ({cfg.algorithm} needs each client's planted group)")
     method.check_clients(cfg.algo_cfg, part.num_clients, cfg.fl.clients_per_round(part.num_clients))
@@ -310,9 +310,8 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
     model, read = initial_model(cfg, ds, backbone_dir)
     strategy = method(
         task, lambda: make_model(cfg, ds).to(device), cfg.fl.local, cfg.algo_cfg,
-        aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
-    if "groups" in part.meta:  # the planted groups (label_blocks): oracle groups, clustering NMI
-        strategy.client_groups = tuple(int(g) for g in part.meta["groups"])
+        aggregation=cfg.fl.aggregation, num_clients=part.num_clients,
+        client_groups=part.meta.get("groups"))  # label_blocks' planted groups: GIFAIR, NMI
     inputs = {str(partition_path): md5_file(partition_path)} | read
     server_data = None
     if kind != "none":
