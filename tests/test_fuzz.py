@@ -725,15 +725,24 @@ IDS = [c.id for c in CASES]
 assert len(set(IDS)) == len(IDS), [i for i in IDS if IDS.count(i) > 1]
 
 
-def test_every_params_section_and_every_validator_has_fault_cases():
-    """The table covers the whole params file: every top-level key of the repository's params.yaml
-    is the target of some bad-value case, and every stage's validator is exercised (a section added
-    to params.yaml without cases here fails this test)."""
-    stage_of = {c.id: c.id.split(":", 1)[0] for c in CASES}
-    targets = {c.id.split(":", 1)[1].split("=", 1)[0].split(".", 1)[0]
-               for c in CASES if stage_of[c.id] in VALIDATORS}
-    assert set(BASE) - targets == set()
-    assert set(VALIDATORS) - set(stage_of.values()) == set()
+def test_every_params_section_is_refused_malformed_by_a_stage_that_reads_it(tmp_path, monkeypatch):
+    """Every top-level key of the repository's params.yaml, given a value of the wrong type (a list),
+    is refused with a ConfigError naming that key by at least one stage's validator, and by no
+    other exception; and every validator refuses some section (none accepts everything). A section
+    added to params.yaml that no stage checks, or a validator that lets a malformed section through
+    to a TypeError, fails here."""
+    monkeypatch.chdir(tmp_path)
+    refused: dict[str, set[str]] = {}
+    for section in BASE:
+        bad = params_with(section, ["not", "a", "section"])
+        for stage, validate in VALIDATORS.items():
+            try:
+                validate(bad)
+            except ConfigError as e:
+                if e.key == section or str(e.key).startswith(f"{section}."):
+                    refused.setdefault(section, set()).add(stage)
+    assert set(BASE) - set(refused) == set(), refused
+    assert set(VALIDATORS) - set().union(*refused.values()) == set(), refused
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
