@@ -31,7 +31,7 @@ import time
 import torch
 
 from fedpipe.config import load_params
-from fedpipe.config.diffusion import diffusion_stage_config
+from fedpipe.pipeline.diffusion import diffusion_stage_config
 
 
 def _job(args: tuple) -> tuple[float, int]:

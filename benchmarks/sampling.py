@@ -18,11 +18,10 @@ import numpy as np
 import torch
 
 from fedpipe.config import load_params
-from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.data import load_dataset
 from fedpipe.io import load_tensors
 from fedpipe.pipeline.common import load_partition
-from fedpipe.pipeline.diffusion import WARMUP_DIR, make_task, make_unet
+from fedpipe.pipeline.diffusion import WARMUP_DIR, diffusion_stage_config, make_task, make_unet
 from fedpipe.pipeline.feature_extractor import load_fid_tools
 from fedpipe.pipeline.generate import aux_counts
 from fedpipe.pipeline.warmup import client_path

@@ -9,7 +9,7 @@ import sys
 
 from fedpipe.cli import run_stage, stage_argument
 from fedpipe.config import load_params
-from fedpipe.config.diffusion import diffusion_stage_config
+from fedpipe.pipeline.diffusion import diffusion_stage_config
 from fedpipe.pipeline.skip import skip_if_unused
 from fedpipe.tracking import stage_run
 

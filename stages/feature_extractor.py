@@ -6,8 +6,8 @@ Reads params: seed, dataset, fid. Writes data/fid/ (classifier, reference statis
 
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
-from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.pipeline.common import check_model
+from fedpipe.pipeline.diffusion import diffusion_stage_config
 from fedpipe.pipeline.skip import skip_if_unused
 from fedpipe.tracking import stage_run
 

@@ -8,9 +8,9 @@ data/partition/seed_<seed>/ (see dvc.yaml).
 import sys
 
 from fedpipe.cli import run_stage, stage_argument
-from fedpipe.config import load_params, partition_stage_config
-from fedpipe.config.stages import replicate_dir
-from fedpipe.data.outputs import partition_and_write
+from fedpipe.config import load_params
+from fedpipe.pipeline.inputs import replicate_dir
+from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 from fedpipe.tracking import stage_run
 
 OUT = "data/partition"  # fedpipe.pipeline.inputs.PARTITION_DIR

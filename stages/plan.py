@@ -8,7 +8,7 @@ data/federate_ddpm/plan.json and data/plan/inputs/<algorithm>.json.
 
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
-from fedpipe.config.stages import read_seed
+from fedpipe.config.core import read_seed
 from fedpipe.pipeline.plan import write_plan
 from fedpipe.tracking import stage_run
 

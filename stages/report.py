@@ -14,9 +14,10 @@ MLflow (fedpipe.tracking.sync): stages spool their runs and never import MLflow 
 
 from fedpipe.claims import summary as claims_summary
 from fedpipe.cli import run_stage
-from fedpipe.config import load_params, partition_stage_config
+from fedpipe.config import load_params
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
+from fedpipe.pipeline.partition import partition_stage_config
 from fedpipe.pipeline.report import REPORT_DIR, build_report
 from fedpipe.tracking import stage_run
 from fedpipe.tracking.sync import sync_pending

@@ -13,11 +13,10 @@ import sys
 from fedpipe.cli import run_stage, stage_argument
 from fedpipe.config import dataset_config, load_params
 from fedpipe.config.dataset import check_server_data_source
-from fedpipe.config.stages import replicate_seed
 from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, read_json_input
 from fedpipe.pipeline.diffusion import aux_file
-from fedpipe.pipeline.inputs import replicate_dir
+from fedpipe.pipeline.inputs import replicate_dir, replicate_seed
 from fedpipe.pipeline.plan import SERVER_DATA_PLAN
 from fedpipe.pipeline.server_data import SERVER_DATA_DIR, public_split, write_server_data
 from fedpipe.tracking import stage_run

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
 
 DT = torch.float64
@@ -79,3 +80,20 @@ def grad_head(B, h, d):  # d/dh mean (h^T B x - y)^2 = 2/n sum r (B x)^T
 
 def grad_body(B, h, d):  # d/dB = 2/n sum r h^T x^T
     return 2 / len(d) * (residual(B, h, d)[:, None, None] * h.T[None] * d.x[:, None, :]).sum(0)
+
+
+LR = 0.1
+FULL_BATCH = LocalTrainConfig(steps=1, batch_size=64, lr=LR)
+"""One full-batch SGD step at LR: each client's update is one hand-computed gradient step."""
+REGRESSION_CLIENTS = (regression_data(1, 3), regression_data(2, 5), regression_data(3, 4),
+                      regression_data(4, 2))
+"""Four clients' regression data (3, 5, 4 and 2 samples)."""
+
+
+def two_layer_strategy(name: str, cfg=None, local: LocalTrainConfig = FULL_BATCH, *, model_fn=TwoLayer,
+                       task=None, num_clients: int = 2, aggregation: str = "weighted"):
+    """Algorithm ``name`` (its config from ``cfg``) on TwoLayer and MSETask by default."""
+    from fedpipe.algorithms import ALGORITHMS, algorithm_config
+
+    return ALGORITHMS[name](task or MSETask(), model_fn, local, algorithm_config(name, cfg),
+                            aggregation=aggregation, num_clients=num_clients)

@@ -101,12 +101,11 @@ def tiny_params(pretrain_rounds=2) -> dict:
 
 
 def test_the_stage_writes_the_backbone_each_user_pretrained_before_bit_for_bit(tmp_path):
-    from fedpipe.config import partition_stage_config
     from fedpipe.data import load_dataset
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.pipeline.backbone import backbone_config, build_backbone
     from fedpipe.pipeline.common import clients_of, load_partition
     from fedpipe.pipeline.federate import backbone_of
+    from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 
     p = tiny_params()
     partition_and_write(partition_stage_config(p), tmp_path / "partition")

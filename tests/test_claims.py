@@ -686,3 +686,83 @@ def test_report_sections_come_from_the_studys_papers_and_the_report_names_none()
     imported = {n.module for n in ast.walk(ast.parse(report.read_text()))
                 if isinstance(n, ast.ImportFrom) and n.module}
     assert not {m for m in imported if m.startswith("fedpipe.claims.")}, imported
+
+
+# --------------------------------------------------------------------------------------------------
+# One mean ± std cell for every paper's section and the report's tables
+
+
+def test_metric_cell_formats_mean_and_std_over_seeds():
+    from fedpipe.claims import mean_pm_std, metric_cell
+
+    m = {"acc": 0.123456, "acc_std": 0.0125, "cd": 0.61725, "cd_std": 0.02469, "seeds": 3}
+    assert metric_cell(m, "acc") == "12.35 ± 1.25"
+    assert metric_cell(m, "cd", 1.0, 3) == "0.617 ± 0.025"
+    assert metric_cell({**m, "seeds": 1}, "acc") == "12.35"  # one seed: no std
+    assert metric_cell({"acc": 0.5, "seeds": 3}, "acc") == "50.00"  # no std recorded
+    assert metric_cell({"acc": None, "seeds": 3}, "acc") == "—"
+    assert metric_cell(m, "nmi") == "—"
+    assert metric_cell({"acc": 0.25}, "acc") == "25.00"  # seeds absent: one
+    assert mean_pm_std(12.3456, 0.98765, 3, 3) == "12.346 ± 0.988"  # the report's FID cell
+    assert mean_pm_std(7.0, 0.0, 2, 1) == "7.0 ± 0.0"
+
+
+# The rendered sections' SHA-256 on the metrics of ``_section_metrics``, recorded by running this
+# same rendering on the code before the papers' modules shared ``metric_cell`` (commit fbc0532, where
+# equitable, fednh, fedptr and perada each had a ``_ours`` and the report a ``_pct`` and ``fmt``;
+# the FID cells then came from ``fedpipe.pipeline.report.fmt(mean, std, n, 3)``): the merge changed
+# no byte of the report.
+RENDERED_BEFORE = {
+    "equitable": "ab6bc5c886fd02c4eb4225722be36b733d6ee7c4532aac577bd4101ac66e2fb7",
+    "fednh": "ae28d452040bca6daaafdde3724e564c698a8a7e2b0d44a66ae09b0368df6606",
+    "fedptr": "8ce1b9f8ceef2c292487a399360d5a5adbe58c80c18ade8b7ae6dcbb7e860656",
+    "perada": "094f199729fe72d15a2ec931c746df84ec3a102604d2e981ac0cd1db93ed7829",
+    "classification": "dff1d2ea867a2cf3af20bd16aba59e10929f4c9c1eeb6148b2e2e44282b8f292",
+}
+# ... and two rows in full, one with every kind of cell (± at 2 and 3 decimals, a lone mean, —)
+EQUITABLE_CENTRALIZED_ROW = ("| Centralized | — | 39.14 ± 1.75 | 51.48 ± 2.25 | — | 0.762 | "
+                             "58.74 ± 0.75 | 7.18 ± 0.28 | 83.60 ± 0.1 | 5.41 ± 0.21 |")
+CLASSIFICATION_DITTO_ROW = "| ditto | — | 26.79 | 174.94 | 187.29 ± 7.75 | 199.63 ± 8.25 | — | 125.56 |"
+
+_KEYS = ("test_accuracy", "test_accuracy_last5", "sigma_acc_global", "sigma_acc_std", "cd_mean",
+         "nmi_mixed_mean", "pm_v_mean", "pm_l_mean", "pm_l_client_std", "personal_acc_mean",
+         "personal_global_mean", "personal_corrupt_mean", "corrupt_accuracy", "client_acc_mean",
+         "client_acc_std", "client_acc_worst10", "client_acc_best10")
+
+
+def _section_metrics(algos: list[str]) -> dict[str, dict[str, float]]:
+    """Per algorithm i: 3, 1 or 2 seeds; for the third, some metrics absent and some without std."""
+    out = {}
+    for i, a in enumerate(algos):
+        m = {"seeds": (3, 1, 2)[i % 3]}
+        for j, k in enumerate(_KEYS):
+            if i % 3 == 2 and j % 4 == 0:
+                continue
+            m[k] = 0.123456789 * (j + 1) + 0.0105 * i
+            if not (i % 3 == 2 and j % 4 == 1):
+                m[f"{k}_std"] = 0.0049999 * (j + 1) + 0.00125 * i
+        out[a] = m
+    return out
+
+
+def test_report_sections_render_as_before_the_shared_cell():
+    import hashlib
+
+    from fedpipe.claims import equitable, fednh, perada
+    from fedpipe.pipeline.report import classification_table
+
+    studies = {
+        "equitable": (equitable, ["equitable_fl", "fedprox", "centralized", "cluster2"]),
+        "fednh": (fednh, ["fednh", "fedavg", "fedproto", "fedrep"]),
+        "fedptr": (fedptr_claims, ["fedptr", "fedavg", "scaffold", "fedptr_s"]),
+        "perada": (perada, ["perada", "fedrep", "ditto", "perada_nokd"]),
+    }
+    text = {key: "\n".join(mod.report_section(StudyConfig(name=f"{key}_cifar10", algorithms=algos),
+                                              _section_metrics(algos), {}))
+            for key, (mod, algos) in studies.items()}
+    text["classification"] = "\n".join(classification_table(
+        _section_metrics(["fedavg", "fedprox", "ditto", "fedrep"])))
+    assert EQUITABLE_CENTRALIZED_ROW in text["equitable"].splitlines()
+    assert CLASSIFICATION_DITTO_ROW in text["classification"].splitlines()
+    for key, want in RENDERED_BEFORE.items():
+        assert hashlib.sha256(text[key].encode()).hexdigest() == want, f"{key}:\n{text[key]}"

@@ -6,7 +6,8 @@ import sys
 import pytest
 import yaml
 
-from fedpipe.config import ConfigError, partition_stage_config
+from fedpipe.config import ConfigError
+from fedpipe.pipeline.partition import partition_stage_config
 
 GOOD = {"seed": 0, "dataset": {"name": "digits"},
         "partition": {"scheme": "dirichlet", "num_clients": 10, "alpha": 0.5}}

@@ -15,13 +15,13 @@ from torch import nn
 import fedpipe.device as dev
 from fedpipe.config import ConfigError
 from fedpipe.config.device import device_config
-from fedpipe.config.diffusion import diffusion_stage_config
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
 from fedpipe.fl.engine import groups_to
 from fedpipe.fl.local import local_train, make_optimizer
 from fedpipe.models.unet import build_unet
 from fedpipe.pipeline.common import train_config
+from fedpipe.pipeline.diffusion import diffusion_stage_config
 from fedpipe.rng import torch_generator, torch_seed
 from fedpipe.tasks import ClassificationTask
 from fedpipe.tasks.diffusion import DiffusionTask

@@ -13,15 +13,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedpipe.config import ConfigError, partition_stage_config
-from fedpipe.config.diffusion import diffusion_stage_config
+from fedpipe.config import ConfigError
 from fedpipe.data import Partition
-from fedpipe.data.outputs import partition_and_write
 from fedpipe.errors import InputError
 from fedpipe.io import load_tensors, read_json
 from fedpipe.pipeline.aux_quality import aux_quality
+from fedpipe.pipeline.diffusion import diffusion_stage_config
 from fedpipe.pipeline.feature_extractor import feature_extractor, load_fid_tools
 from fedpipe.pipeline.generate import aux_counts, generate, load_aux, requested_labels
+from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 from fedpipe.pipeline.warmup import client_path, warmup
 
 REPO = Path(__file__).resolve().parents[1]

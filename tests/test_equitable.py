@@ -255,9 +255,9 @@ def test_study_presets_compose_and_validate(tmp_path, preset, clusters, model):
 
     import yaml
 
-    from fedpipe.config.stages import partition_stage_config
     from fedpipe.pipeline.common import train_config
     from fedpipe.pipeline.compose import compose_params
+    from fedpipe.pipeline.partition import partition_stage_config
 
     repo = Path(__file__).resolve().parents[1]
     params = yaml.safe_load(compose_params(repo, [f"study={preset}"],

@@ -9,13 +9,13 @@ import pytest
 import yaml
 from test_diffusion_stages import tiny_params
 
-from fedpipe.config import ConfigError, partition_stage_config
-from fedpipe.config.diffusion import diffusion_stage_config
-from fedpipe.data.outputs import partition_and_write
+from fedpipe.config import ConfigError
 from fedpipe.io import read_json
+from fedpipe.pipeline.diffusion import diffusion_stage_config
 from fedpipe.pipeline.feature_extractor import feature_extractor
 from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm, run_dir
 from fedpipe.pipeline.generate import generate, load_aux
+from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 from fedpipe.pipeline.report import build_report, mean_std
 from fedpipe.pipeline.warmup import warmup
 from fedpipe.reference import paper_fid

@@ -11,9 +11,9 @@ import yaml
 
 from fedpipe.claims import all_claims, judge_all
 from fedpipe.claims import fednh as fc
-from fedpipe.config import partition_stage_config
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
+from fedpipe.pipeline.partition import partition_stage_config
 
 REPO = Path(__file__).resolve().parents[1]
 

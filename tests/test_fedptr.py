@@ -437,9 +437,9 @@ def test_studies_compose_and_validate(study, tmp_path):
     from pathlib import Path
 
     from fedpipe.config.core import load_params
-    from fedpipe.config.stages import partition_stage_config
     from fedpipe.pipeline.common import train_config
     from fedpipe.pipeline.compose import compose_params
+    from fedpipe.pipeline.partition import partition_stage_config
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))
@@ -461,8 +461,8 @@ def test_other_columns_of_tables_1_2_compose(overrides, tmp_path):
     from pathlib import Path
 
     from fedpipe.config.core import load_params
-    from fedpipe.config.stages import partition_stage_config
     from fedpipe.pipeline.compose import compose_params
+    from fedpipe.pipeline.partition import partition_stage_config
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, ["study=fedptr_cifar100", *overrides],
@@ -595,10 +595,10 @@ def test_paper_presets_draw_a_partition_for_every_replicate(study, tmp_path):
 
     import numpy as np
 
-    from fedpipe.config import partition_stage_config
     from fedpipe.config.core import load_params
     from fedpipe.data.partition import make_partition
     from fedpipe.pipeline.compose import compose_params
+    from fedpipe.pipeline.partition import partition_stage_config
 
     root = Path(__file__).resolve().parents[1]
     p = load_params(compose_params(root, [f"study={study}"], output=str(tmp_path / "params.yaml")))

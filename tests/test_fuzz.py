@@ -35,7 +35,8 @@ import pytest
 import torch
 import yaml
 
-from fedpipe.config import ConfigError, load_params, partition_stage_config
+from fedpipe.config import ConfigError, load_params
+from fedpipe.pipeline.partition import partition_stage_config
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -116,12 +117,11 @@ def v_ddpm(p, algorithm="fedavg"):
 def v_diffusion(p):
     """What the diffusion stages check before compute: the config, then (first thing in each
     pipeline function, once the stage is known not to be skipped) the models' options."""
-    from fedpipe.config import diffusion
+    from fedpipe.config.diffusion import check_diffusion_models
+    from fedpipe.pipeline.diffusion import diffusion_stage_config
 
-    cfg = diffusion.diffusion_stage_config(p, "generate")
-    check = getattr(diffusion, "check_diffusion_models", None)  # absent before issue 17
-    if check is not None:
-        check(cfg.dataset, cfg.diffusion, cfg.fid)
+    cfg = diffusion_stage_config(p, "generate")
+    check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)
     return cfg
 
 
@@ -143,7 +143,7 @@ VALIDATORS = {"partition": v_partition, "federate": v_federate, "ddpm": v_ddpm,
 
 
 def p_partition(cfg, tmp):
-    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.pipeline.partition import partition_and_write
 
     partition_and_write(cfg, tmp / "probe_partition")
 
@@ -421,8 +421,8 @@ def tiny_params(**extra) -> dict:
 def _write_valid_inputs(tmp: Path) -> None:
     """Valid input files of every kind (a real partition; readable stand-ins for the rest: the
     stage's checks must fire before anything reads their contents)."""
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.io import save_tensors
+    from fedpipe.pipeline.partition import partition_and_write
 
     partition_and_write(partition_stage_config(tiny_params()), tmp / "partition")
     z = torch.zeros(2)
@@ -455,20 +455,20 @@ def _stage_call(stage: str, tmp: Path):
     """Call the pipeline function of ``stage`` on the files under ``tmp``."""
     part = tmp / "partition" / "partition.safetensors"
     if stage == "warmup":
-        from fedpipe.config.diffusion import diffusion_stage_config
+        from fedpipe.pipeline.diffusion import diffusion_stage_config
         from fedpipe.pipeline.warmup import warmup
 
         return warmup(diffusion_stage_config(tiny_params(), "warmup"), tmp / "warmup", part,
                       progress=False)
     if stage == "generate":
-        from fedpipe.config.diffusion import diffusion_stage_config
+        from fedpipe.pipeline.diffusion import diffusion_stage_config
         from fedpipe.pipeline.generate import generate
 
         return generate(diffusion_stage_config(tiny_params(), "generate"), tmp / "generate_out",
                         tmp / "warmup", part, progress=False)
     if stage == "aux_quality":
-        from fedpipe.config.diffusion import diffusion_stage_config
         from fedpipe.pipeline.aux_quality import aux_quality
+        from fedpipe.pipeline.diffusion import diffusion_stage_config
 
         return aux_quality(diffusion_stage_config(tiny_params(), "aux_quality"), tmp / "aq",
                            aux_path=tmp / "generate" / "aux.safetensors", fid_dir=tmp / "fid")
@@ -553,7 +553,7 @@ def _resume_dir(out: Path, *parts: str) -> Path:
 
 
 def _ckpt_setup(tmp: Path) -> None:
-    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.pipeline.partition import partition_and_write
 
     partition_and_write(partition_stage_config(tiny_params()), tmp / "partition")
     d = _resume_dir(tmp / "fed", "fedavg", "seed_0")
@@ -579,7 +579,7 @@ def _ckpt_after(tmp: Path) -> str | None:
 
 
 def _warm_setup(tmp: Path) -> None:
-    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.pipeline.partition import partition_and_write
 
     partition_and_write(partition_stage_config(tiny_params()), tmp / "partition")
     f = _resume_dir(tmp / "warmup", "models") / "client_000.safetensors"
@@ -606,8 +606,8 @@ CASES.append(Case("checkpoint:warmup garbage", lambda tmp: _stage_call("warmup",
 
 # -- divergence: warm-up and generation ------------------------------------------------------------
 def _diverge_warmup(tmp: Path):
-    from fedpipe.config.diffusion import diffusion_stage_config
-    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.pipeline.diffusion import diffusion_stage_config
+    from fedpipe.pipeline.partition import partition_and_write
     from fedpipe.pipeline.warmup import warmup
 
     p = tiny_params(warmup={"epochs": 2, "batch_size": 128, "lr": 1e6})
@@ -625,12 +625,11 @@ def _diverge_warmup_after(tmp: Path) -> str | None:
 
 
 def _diverge_generate(tmp: Path):
-    from fedpipe.config.diffusion import diffusion_stage_config
     from fedpipe.data import load_dataset
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.io import save_tensors
-    from fedpipe.pipeline.diffusion import make_unet
+    from fedpipe.pipeline.diffusion import diffusion_stage_config, make_unet
     from fedpipe.pipeline.generate import generate
+    from fedpipe.pipeline.partition import partition_and_write
 
     p = tiny_params()
     partition_and_write(partition_stage_config(p), tmp / "partition")
@@ -726,15 +725,24 @@ IDS = [c.id for c in CASES]
 assert len(set(IDS)) == len(IDS), [i for i in IDS if IDS.count(i) > 1]
 
 
-def test_every_params_section_and_every_validator_has_fault_cases():
-    """The table covers the whole params file: every top-level key of the repository's params.yaml
-    is the target of some bad-value case, and every stage's validator is exercised (a section added
-    to params.yaml without cases here fails this test)."""
-    stage_of = {c.id: c.id.split(":", 1)[0] for c in CASES}
-    targets = {c.id.split(":", 1)[1].split("=", 1)[0].split(".", 1)[0]
-               for c in CASES if stage_of[c.id] in VALIDATORS}
-    assert set(BASE) - targets == set()
-    assert set(VALIDATORS) - set(stage_of.values()) == set()
+def test_every_params_section_is_refused_malformed_by_a_stage_that_reads_it(tmp_path, monkeypatch):
+    """Every top-level key of the repository's params.yaml, given a value of the wrong type (a list),
+    is refused with a ConfigError naming that key by at least one stage's validator, and by no
+    other exception; and every validator refuses some section (none accepts everything). A section
+    added to params.yaml that no stage checks, or a validator that lets a malformed section through
+    to a TypeError, fails here."""
+    monkeypatch.chdir(tmp_path)
+    refused: dict[str, set[str]] = {}
+    for section in BASE:
+        bad = params_with(section, ["not", "a", "section"])
+        for stage, validate in VALIDATORS.items():
+            try:
+                validate(bad)
+            except ConfigError as e:
+                if e.key == section or str(e.key).startswith(f"{section}."):
+                    refused.setdefault(section, set()).add(stage)
+    assert set(BASE) - set(refused) == set(), refused
+    assert set(VALIDATORS) - set().union(*refused.values()) == set(), refused
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

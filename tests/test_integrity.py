@@ -20,11 +20,12 @@ import torch
 import yaml
 
 from fedpipe.algorithms import ALGORITHMS
-from fedpipe.config import ConfigError, partition_stage_config  # noqa: F401 (below)
+from fedpipe.config import ConfigError  # noqa: F401 (below)
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
 from fedpipe.data import ClientData
 from fedpipe.errors import InputError
 from fedpipe.io import content_hash, load_tensors, save_tensors, write_csv, write_json
+from fedpipe.pipeline.partition import partition_stage_config
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -67,7 +68,7 @@ def _w() -> dict[str, torch.Tensor]:
 
 
 def _partition(tmp: Path) -> Path:
-    from fedpipe.data.outputs import partition_and_write
+    from fedpipe.pipeline.partition import partition_and_write
 
     p = json.loads(json.dumps(BASE))
     p["partition"] = {"scheme": "iid", "num_clients": 2}
@@ -431,8 +432,8 @@ class ComputeStarted(Exception):
 
 def _federate_until_data(params: dict, algorithm: str, tmp: Path, monkeypatch) -> None:
     """The federate stage's checks on a real partition file, stopped where data would load."""
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.pipeline import federate as fed
+    from fedpipe.pipeline.partition import partition_and_write
 
     partition_and_write(partition_stage_config(params), tmp / "partition")
     cfg = _validate(params, algorithm)

@@ -278,7 +278,7 @@ def test_distill_one_adam_step_by_hand():
     assert info["kd_steps"] == 1.0
 
 
-class TwoLayer(nn.Module):
+class ReluNet(nn.Module):
     """A model whose logits are non-linear in its trainable weights (ReLU between two layers), so
     that the teachers' mean logits differ from the averaged model's: KD has work to do."""
 
@@ -295,21 +295,21 @@ def test_feddf_server_step_is_distillation_of_the_average_from_the_clients():
     torch.manual_seed(1)
     cfg = build(type(algorithm_config("feddf", None)), {"kd_steps": 1, "kd_batch_size": 8,
                                                         "kd_lr": 1e-2}, "algorithms.feddf")
-    s = FedDF(ClassificationTask(), TwoLayer, LocalTrainConfig(), cfg, aggregation="uniform",
+    s = FedDF(ClassificationTask(), ReluNet, LocalTrainConfig(), cfg, aggregation="uniform",
               num_clients=2)
-    clients = [TwoLayer().state_dict() for _ in range(2)]
+    clients = [ReluNet().state_dict() for _ in range(2)]
     ups = [ClientUpdate(i, 1, w) for i, w in enumerate(clients)]
     x = torch.tensor(X, dtype=DT)
     sd = ServerData("distill", ClientData(x, torch.full((2,), -1)), labelled=False)
     r = RoundInfo(index=0, total=1, seed=0, updates=tuple(ups), server_data=sd)
-    state = s.server_update(s.aggregate(ServerState(TwoLayer().state_dict()), r), r)
+    state = s.server_update(s.aggregate(ServerState(ReluNet().state_dict()), r), r)
     # reference: the average, one Adam step (lr * g / (|g| + eps)) on KL(mean teacher || student)
     avg = {k: (clients[0][k] + clients[1][k]) / 2 for k in clients[0]}
-    ref = TwoLayer()
+    ref = ReluNet()
     ref.load_state_dict(avg)
     teachers = []
     for w in clients:
-        t = TwoLayer()
+        t = ReluNet()
         t.load_state_dict(w)
         teachers.append(t)
     zt = torch.stack([t(x) for t in teachers]).mean(0).detach()
@@ -320,7 +320,7 @@ def test_feddf_server_step_is_distillation_of_the_average_from_the_clients():
                                    rtol=0, atol=1e-12)
     assert not torch.allclose(state.weights["head.weight"], avg["head.weight"])
     # no distillation after kd_max_round, and none without server data
-    late = FedDF(ClassificationTask(), TwoLayer, LocalTrainConfig(),
+    late = FedDF(ClassificationTask(), ReluNet, LocalTrainConfig(),
                  DistillConfig(kd_max_round=0), num_clients=2)
     st = ServerState(avg)
     assert late.server_update(st, r) is st
@@ -332,7 +332,7 @@ def test_perada_server_distils_only_the_adapter_set():
     torch.manual_seed(2)
 
     def model_fn():
-        m = TwoLayer()
+        m = ReluNet()
         m.body.weight.requires_grad_(False)  # a frozen "backbone" entry
         return m
 

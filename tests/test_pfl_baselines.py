@@ -11,14 +11,17 @@ import torch.nn.functional as F
 from fakes import (
     B0,
     DT,
+    FULL_BATCH,
     H0,
+    LR,
+    REGRESSION_CLIENTS,
     MSETask,
     TwoLayer,
     assert_identical,
     grad_body,
     grad_head,
-    regression_data,
 )
+from fakes import two_layer_strategy as make
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
@@ -34,15 +37,8 @@ from fedpipe.pipeline.federate import client_evaluator
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
 
-LR = 0.1
-FULL_BATCH = LocalTrainConfig(steps=1, batch_size=64, lr=LR)
-CLIENTS = [regression_data(1, 3), regression_data(2, 5)]
+CLIENTS = list(REGRESSION_CLIENTS[:2])
 BV, HV = torch.tensor([[0.2, 0.1], [-0.3, 0.4]], dtype=DT), torch.tensor([[-0.5, 0.2]], dtype=DT)
-
-
-def make(name, cfg=None, local=FULL_BATCH, model_fn=TwoLayer, task=None, num_clients=2):
-    return ALGORITHMS[name](task or MSETask(), model_fn, local, algorithm_config(name, cfg),
-                            aggregation="weighted", num_clients=num_clients)
 
 
 def W(B, h):

@@ -76,9 +76,10 @@ def test_learning_curves_png_is_the_mean_over_seeds():
     rows = [["fedavg", 0, 2, 0.4, 1.0], ["fedavg", 1, 2, 0.6, 1.0], ["fedprox", 0, 2, 0.3, 1.0],
             ["fedavg", 0, 4, 0.5, 1.0], ["fedavg", 1, 4, 0.9, 1.0], ["fedprox", 0, 4, 0.2, 1.0]]
     ax = plot_curves(rows, "t").axes[0]
-    by = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
-    assert by["fedavg"] == [pytest.approx(0.5), pytest.approx(0.7)] and by["fedprox"] == [0.3, 0.2]
-    assert ax.get_ylabel()
+    by = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+    assert by == {"fedavg": ([2, 4], [pytest.approx(0.5), pytest.approx(0.7)]),
+                  "fedprox": ([2, 4], [0.3, 0.2])}  # each round's mean over the seeds, nothing else
+    assert ax.get_ylabel() == "global test accuracy (mean over seeds)"
 
 
 def test_history_panels_plot_the_losses_and_the_metric_of_evaluated_rounds():
@@ -103,7 +104,9 @@ def test_unlabelled_aux_set_gives_no_rows_and_a_figure_that_says_why():
     assert not fig.axes[0].patches and UNLABELLED in [t.get_text() for t in fig.axes[0].texts]
     rows = per_class_rows(np.array([1.0, 0.5, np.nan]), np.array([2, 2, 0]), ["a", "b", "c"])
     assert rows == [["a", 2, 1.0], ["b", 2, 0.5]]
-    assert len(plot_per_class(np.array([1.0, 0.5, 0.0]), ["a", "b", "c"], "t").axes[0].patches) == 3
+    ax = plot_per_class(np.array([1.0, 0.5, np.nan]), ["a", "b", "c"], "t").axes[0]
+    assert [b.get_height() for b in ax.patches] == [1.0, 0.5, 0.0]  # a class without samples: 0
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
 
 
 def test_sizes_png_draws_each_clients_size_and_label_skew():
@@ -247,9 +250,14 @@ def test_fairness_panels_of_a_study_evaluated_once_are_not_empty():
     assert sigma.get_xlabel() == "round 15 (one evaluation)"
     assert [t.get_text() for t in nmi.texts] == ["no method of this study clusters its clients"]
     # several evaluations: lines with markers (a single point without one would not show)
-    hist = {"eq": [[{"round": r, "test_sigma_acc_global": 0.1, "cluster_nmi": 0.5} for r in (1, 2)]]}
+    hist = {"eq": [[{"round": r, "test_sigma_acc_global": 0.1 * r, "cluster_nmi": 0.5 + s / 4}
+                    for r in (1, 2)] for s in (0, 1)]}
     sigma, nmi = plot_fairness_curves(hist, "t").axes
-    assert [ln.get_marker() for ln in sigma.get_lines()] == ["o"] and nmi.get_lines()
+    assert [ln.get_marker() for ln in sigma.get_lines()] == ["o"]
+    ((x, y),) = [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in sigma.get_lines()]
+    assert x == [1, 2] and y == [pytest.approx(0.1), pytest.approx(0.2)]
+    ((x, y),) = [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in nmi.get_lines()]
+    assert x == [1, 2] and y == [pytest.approx(0.625)] * 2  # the mean over the two seeds
     assert sigma.get_xlim() == (0.5, 2.5)
 
 

@@ -5,23 +5,32 @@ and per-client state files."""
 from __future__ import annotations
 
 import torch
-from fakes import B0, DT, H0, MSETask, TwoLayer, grad_body, grad_head, regression_data, residual
+from fakes import (
+    B0,
+    DT,
+    FULL_BATCH,
+    H0,
+    LR,
+    REGRESSION_CLIENTS,
+    MSETask,
+    TwoLayer,
+    grad_body,
+    grad_head,
+    residual,
+    two_layer_strategy,
+)
 
-from fedpipe.algorithms import ALGORITHMS, algorithm_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
 from fedpipe.fl import ClientStore, RoundInfo, ServerData, Strategy, run_federated, sample_clients
 from fedpipe.fl.engine import CLIENTS_DIR, load_checkpoint
 from fedpipe.fl.local import local_train
 from fedpipe.rng import numpy_rng, torch_generator
 
-LR = 0.1
-CLIENTS = [regression_data(1, 3), regression_data(2, 5), regression_data(3, 4), regression_data(4, 2)]
-FULL_BATCH = LocalTrainConfig(steps=1, batch_size=64, lr=LR)
+CLIENTS = list(REGRESSION_CLIENTS)
 
 
-def make(name: str, cfg=None, local: LocalTrainConfig = FULL_BATCH, aggregation="weighted"):
-    return ALGORITHMS[name](MSETask(), TwoLayer, local, algorithm_config(name, cfg),
-                            aggregation=aggregation, num_clients=len(CLIENTS))
+def make(name: str, cfg=None, local: LocalTrainConfig = FULL_BATCH):
+    return two_layer_strategy(name, cfg, local, num_clients=len(CLIENTS))
 
 
 # -- personalization -----------------------------------------------------------------------------

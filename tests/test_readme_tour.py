@@ -67,11 +67,11 @@ def test_experiment_overrides_expand_a_sweep():
 
 
 def test_every_experiment_command_composes_into_params_every_stage_accepts(tmp_path):
-    from fedpipe.config import partition_stage_config
     from fedpipe.config.core import load_params
     from fedpipe.data import load_dataset
     from fedpipe.pipeline.common import train_config
     from fedpipe.pipeline.compose import compose_params
+    from fedpipe.pipeline.partition import partition_stage_config
 
     commands = section_commands("Running experiments")
     runs = [o for c in commands if c.startswith("dvc exp run") for o in experiment_overrides(c)]

@@ -15,10 +15,9 @@ import torch
 import yaml
 from fakes import with_changes
 
-from fedpipe.config import partition_stage_config
-from fedpipe.data.outputs import partition_and_write
 from fedpipe.io import load_tensors
 from fedpipe.pipeline.inputs import partition_file
+from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -70,8 +69,8 @@ def one_thread():
 def test_replicate_zero_is_the_run_before_replicates(tmp_path, one_thread):
     """partition@0, federate@fedavg-0, warmup@0 and generate@0 write, bit for bit, what the root-seed
     pipeline wrote for its default run; the root seed no longer moves a replicate's partition."""
-    from fedpipe.config.diffusion import diffusion_stage_config
     from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.diffusion import diffusion_stage_config
     from fedpipe.pipeline.federate import federate
     from fedpipe.pipeline.generate import generate
     from fedpipe.pipeline.warmup import warmup
@@ -111,9 +110,8 @@ def test_replicate_zero_is_the_run_before_replicates(tmp_path, one_thread):
 def test_each_replicate_draws_its_own_partition_and_warmup(tmp_path):
     """Replicates 0 and 1 get different partitions and different warm-up initialisations; a
     replicate's stage config records its own seed, whatever the root seed."""
-    from fedpipe.config.diffusion import diffusion_stage_config
     from fedpipe.data import load_dataset
-    from fedpipe.pipeline.diffusion import make_unet
+    from fedpipe.pipeline.diffusion import diffusion_stage_config, make_unet
 
     for r in (0, 1):
         partition_and_write(partition_stage_config(with_changes(PARAMS, seed=5), r), tmp_path / f"seed_{r}")

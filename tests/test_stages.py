@@ -74,9 +74,8 @@ def test_federate_stage_bad_input_exit_2_and_outputs_kept(tmp_path):
 def test_federate_resume_matches_uninterrupted(tmp_path, algorithm):
     """Interrupt federate after round 2 of 4, re-run: same final model, personal models, history and
     per-client accuracies, bit for bit (personalized methods too)."""
-    from fedpipe.config import partition_stage_config
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.pipeline.federate import federate
+    from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 
     p = params_with(**{"fl/rounds": 4, "fl/checkpoint_every": 1, "fl/local/epochs": 1,
                        "algorithms/fedrep": {"head_epochs": 1, "body_epochs": 1},
@@ -106,12 +105,11 @@ def test_evaluate_over_seeds_with_generic_and_personalized_columns(tmp_path):
     """Two algorithms x two replicates: seeds.json holds every run, metrics.json their mean and sample
     std; a method with personal models gets personalized columns, one without does not. Each
     replicate's runs train and are evaluated on that replicate's own partition."""
-    from fedpipe.config import partition_stage_config
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.io import read_json
     from fedpipe.pipeline.evaluate import evaluate_study
     from fedpipe.pipeline.federate import federate
     from fedpipe.pipeline.inputs import partition_file
+    from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 
     p = params_with(**{"fl/rounds": 2, "fl/local/epochs": 1,
                        "study/algorithms": ["fedavg", "fedper"], "study/seeds": [0, 3]})
@@ -146,12 +144,11 @@ def test_local_has_no_global_model_metrics_anywhere(tmp_path):
     there. FedAvg beside it keeps every column. One evaluation (eval_every = rounds)."""
     import csv
 
-    from fedpipe.config import partition_stage_config
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.io import read_json
     from fedpipe.pipeline.evaluate import evaluate_study
     from fedpipe.pipeline.federate import federate
     from fedpipe.pipeline.inputs import partition_file
+    from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 
     p = params_with(**{"fl/rounds": 2, "fl/eval_every": 2, "fl/local/epochs": 1,
                        "study/algorithms": ["fedavg", "local"], "study/seeds": [0]})

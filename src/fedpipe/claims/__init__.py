@@ -441,6 +441,23 @@ def report_sections(study: StudyConfig, metrics: Mapping[str, Mapping[str, float
     return lines
 
 
+def mean_pm_std(mean: float, std: float | None, seeds: int, digits: int = 2) -> str:
+    """``mean ± std`` to ``digits`` decimals; the mean alone over one seed or without a std."""
+    out = f"{mean:.{digits}f}"
+    return out + (f" ± {std:.{digits}f}" if std is not None and seeds > 1 else "")
+
+
+def metric_cell(m: Mapping[str, Any], key: str, scale: float = 100.0, digits: int = 2) -> str:
+    """One algorithm's ``key`` in a report table: ``scale`` times its mean over seeds ± its std
+    (``<key>_std``, when ``m["seeds"]`` > 1), "—" when absent. Every paper's section and the
+    report's classification table write their cells with it."""
+    if m.get(key) is None:
+        return "—"
+    std = m.get(f"{key}_std")
+    return mean_pm_std(scale * m[key], None if std is None else scale * std, int(m.get("seeds", 1)),
+                       digits)
+
+
 def paper_claims(study: StudyConfig) -> dict[str, list[Claim]]:
     """The registry: the claims (and facts) of each of the study's papers (:func:`study_papers`)."""
     mods = _modules()

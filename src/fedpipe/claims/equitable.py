@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedpipe.claims import Claim
+from fedpipe.claims import Claim, metric_cell
 
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
@@ -151,14 +151,6 @@ def paper_dataset(study: StudyConfig) -> tuple[str, bool]:
     return (name, True) if name in DATASETS else ("mnist", False)
 
 
-def _ours(m: Mapping[str, float], key: str, scale: float = 100.0, digits: int = 2) -> str:
-    if m.get(key) is None:
-        return "—"
-    std, n = m.get(f"{key}_std"), int(m.get("seeds", 1))
-    out = f"{scale * m[key]:.{digits}f}"
-    return out + (f" ± {scale * std:.{digits}f}" if std is not None and n > 1 else "")
-
-
 def _paper(row: tuple[float, float, float, float] | None, i: int) -> str:
     return "—" if row is None else f"{row[i]:.2f} ± {row[i + 1]:g}"
 
@@ -189,8 +181,8 @@ def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]
         m = metrics[algo]
         t2 = TABLE2.get(algo, (None,) * 4)[col]
         t3 = TABLE3.get(algo, (None,) * 4)[col]
-        lines.append(f"| {NAMES.get(algo, algo)} | {_ours(m, 'test_accuracy')} | "
-                     f"{_ours(m, 'sigma_acc_global')} | {_ours(m, 'sigma_acc_std')} | "
-                     f"{_ours(m, 'cd_mean', 1.0, 3)} | {_ours(m, 'nmi_mixed_mean', 1.0, 3)} | "
+        lines.append(f"| {NAMES.get(algo, algo)} | {metric_cell(m, 'test_accuracy')} | "
+                     f"{metric_cell(m, 'sigma_acc_global')} | {metric_cell(m, 'sigma_acc_std')} | "
+                     f"{metric_cell(m, 'cd_mean', 1.0, 3)} | {metric_cell(m, 'nmi_mixed_mean', 1.0, 3)} | "
                      f"{_paper(t2, 0)} | {_paper(t2, 2)} | {_paper(t3, 0)} | {_paper(t3, 2)} |")
     return lines + [""]

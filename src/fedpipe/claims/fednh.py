@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedpipe.claims import Claim
+from fedpipe.claims import Claim, metric_cell
 
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
@@ -129,14 +129,6 @@ def claims(study: StudyConfig) -> list[Claim]:
     return [c for c in out if c.baseline in algos]
 
 
-def _ours(m: Mapping[str, float], key: str) -> str:
-    if m.get(key) is None:
-        return "—"
-    std = m.get(f"{key}_std")
-    n = int(m.get("seeds", 1))
-    return f"{100 * m[key]:.2f}" + (f" ± {100 * std:.2f}" if std is not None and n > 1 else "")
-
-
 def _paper(v: float | None) -> str:
     return "—" if v is None else f"{v:.2f}"
 
@@ -171,9 +163,9 @@ def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]
         rule += "---|" * 7
     lines += [head, rule]
     for algo, m in metrics.items():
-        gm = "—" if algo in NO_GM else _ours(m, "test_accuracy")
-        row = (f"| {algo} | {gm} | {_ours(m, 'pm_v_mean')} | {_ours(m, 'pm_l_mean')} | "
-               f"{_ours(m, 'pm_l_client_std')} |")
+        gm = "—" if algo in NO_GM else metric_cell(m, "test_accuracy")
+        row = (f"| {algo} | {gm} | {metric_cell(m, 'pm_v_mean')} | {metric_cell(m, 'pm_l_mean')} | "
+               f"{metric_cell(m, 'pm_l_client_std')} |")
         if ds:
             t1 = TABLE1[ds].get(algo, (None,) * 6)
             t2 = TABLE2[ds].get(algo)

@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedpipe.claims import Claim
+from fedpipe.claims import Claim, metric_cell
 
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
@@ -180,14 +180,6 @@ def paper_columns(ds: str) -> list[tuple[str, dict[str, float]]]:
     return cols
 
 
-def _ours(m: Mapping[str, float]) -> str:
-    v = m.get(METRIC)
-    if v is None:
-        return "—"
-    std, n = m.get(f"{METRIC}_std"), int(m.get("seeds", 1))
-    return f"{100 * v:.2f}" + (f" ± {100 * std:.2f}" if std is not None and n > 1 else "")
-
-
 def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]],
                    algorithms: Mapping[str, Any] | None = None) -> list[str]:
     """Markdown: our mean test accuracy of the last 5 rounds per algorithm (mean ± std over seeds)
@@ -216,5 +208,5 @@ def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]
              "|---|---|" + "---|" * len(cols)]
     for algo, m in metrics.items():
         paper = [f"{c[algo]:.2f}" if algo in c else "—" for _, c in cols]
-        lines.append(f"| {algo} | {_ours(m)} | " + " | ".join(paper) + " |")
+        lines.append(f"| {algo} | {metric_cell(m, METRIC)} | " + " | ".join(paper) + " |")
     return lines + [""]

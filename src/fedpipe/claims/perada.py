@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedpipe.claims import Claim
+from fedpipe.claims import Claim, metric_cell
 
 if TYPE_CHECKING:
     from fedpipe.config.fl import StudyConfig
@@ -161,13 +161,6 @@ def table1_row(algo: str, algorithms: Mapping[str, Any] | None = None) -> str:
     return f"{algo}:{((algorithms or {}).get(algo) or {}).get('part', 'output')}"
 
 
-def _ours(m: Mapping[str, float], key: str) -> str:
-    if m.get(key) is None:
-        return "—"
-    std, n = m.get(f"{key}_std"), int(m.get("seeds", 1))
-    return f"{100 * m[key]:.2f}" + (f" ± {100 * std:.2f}" if std is not None and n > 1 else "")
-
-
 def _cell(c: Cell | float | None) -> str:
     if c is None:
         return "—"
@@ -203,8 +196,9 @@ def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]
     lines += [head, rule]
     for algo, m in metrics.items():
         share = "—" if m.get("trainable_share") is None else f"{100 * m['trainable_share']:.2f}"
-        row = (f"| {algo} | {_ours(m, 'personal_acc_mean')} | {_ours(m, 'personal_global_mean')} | "
-               f"{_ours(m, 'personal_corrupt_mean')} | {share} |")
+        row = (f"| {algo} | {metric_cell(m, 'personal_acc_mean')} | "
+               f"{metric_cell(m, 'personal_global_mean')} | "
+               f"{metric_cell(m, 'personal_corrupt_mean')} | {share} |")
         if ds:
             key = table1_row(algo, algorithms)
             paper = TABLE1.get(key)
@@ -220,7 +214,7 @@ def report_section(study: StudyConfig, metrics: Mapping[str, Mapping[str, float]
         rule += "---|" * 3
     lines += [head, rule]
     for algo, m in metrics.items():
-        row = f"| {algo} | {_ours(m, 'test_accuracy')} | {_ours(m, 'corrupt_accuracy')} |"
+        row = f"| {algo} | {metric_cell(m, 'test_accuracy')} | {metric_cell(m, 'corrupt_accuracy')} |"
         if ds:
             row += " " + " | ".join(_cell(v) for v in TABLE2.get(algo, (None,) * 3)) + " |"
         lines.append(row)

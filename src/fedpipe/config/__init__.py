@@ -2,7 +2,9 @@
 
 Each params section has a dataclass; building one from a mapping rejects unknown keys and checks every
 value, raising :class:`ConfigError` with one line that names the key, the value and what is allowed.
-Nothing here loads data: all checks run before any compute starts (stages exit with code 2).
+Nothing here loads data: all checks run before any compute starts (stages exit with code 2). What
+each stage reads of these sections (its view of params) is defined beside the stage, in
+:mod:`fedpipe.pipeline`.
 """
 
 from fedpipe.config.core import ConfigError, build, load_params
@@ -15,7 +17,6 @@ from fedpipe.config.dataset import (
     dataset_config,
 )
 from fedpipe.config.partition import PARTITION_CONFIGS, PartitionConfig, partition_config
-from fedpipe.config.stages import PartitionStageConfig, partition_stage_config
 
 __all__ = [
     "ConfigError",
@@ -30,6 +31,4 @@ __all__ = [
     "PARTITION_CONFIGS",
     "PartitionConfig",
     "partition_config",
-    "PartitionStageConfig",
-    "partition_stage_config",
 ]

@@ -1,4 +1,5 @@
-"""Config machinery: strict dataclass construction from plain mappings."""
+"""Config machinery: strict dataclass construction from plain mappings; the params file and its
+top-level sections (the root ``seed`` among them)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,32 @@ def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError("params_file", str(path), "a YAML mapping at top level")
     return data
+
+
+# Top-level sections of params.yaml; later stages add theirs here.
+KNOWN_SECTIONS = ("seed", "dataset", "partition", "model", "fl", "study", "algorithms", "diffusion",
+                  "warmup", "generate", "fid", "diffusion_fl", "device", "accel")
+
+
+def check_sections(params: dict[str, Any]) -> None:
+    """Every top-level key of ``params`` is a known section, and no section is null."""
+    unknown = sorted(set(params) - set(KNOWN_SECTIONS))
+    if unknown:
+        raise ConfigError(unknown[0], params[unknown[0]],
+                          "top-level sections are " + ", ".join(KNOWN_SECTIONS))
+    for name in KNOWN_SECTIONS:  # null would silently stand for the dataclass defaults
+        if name not in ("seed", "device") and name in params and params[name] is None:
+            raise ConfigError(name, None, "a mapping (the composed section; {} for the defaults)")
+
+
+def read_seed(params: dict[str, Any]) -> int:
+    """The root ``seed``: it seeds only what every replicate shares (the FID feature extractor, the
+    corrupted test sets); replicate r of ``study.seeds`` draws everything else from r
+    (docs/replicates.md)."""
+    seed = params.get("seed", 0)
+    check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, "seed", seed,
+          "an integer >= 0")
+    return seed
 
 
 def yaml_problem(e: Exception) -> str:

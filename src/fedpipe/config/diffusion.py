@@ -7,12 +7,12 @@ is silent the default is an inferred one and is marked so (docs/papers/fedddpm.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedpipe.config.core import ConfigError, build, check, one_of
-from fedpipe.config.device import DeviceConfig, device_config, device_params, legacy_device_key
+from fedpipe.config.device import legacy_device_key
 from fedpipe.config.fl import OPTIMIZERS, ModelConfig, model_config
 from fedpipe.config.models import check_model, dry_build
 
@@ -209,53 +209,3 @@ def check_diffusion_track(ds: Any, diff: DiffusionConfig, fid: FIDConfig,
         if cfg is not None and cfg.sampler == "ddim":  # the ddpm sampler ignores ddim_steps
             check(cfg.ddim_steps <= t, f"{name}.ddim_steps", cfg.ddim_steps,
                   f"an integer in [1, diffusion.num_train_timesteps = {t}] with {name}.sampler ddim")
-
-
-# -- per-stage views -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DiffusionStageConfig:
-    """What the diffusion-track stages read. Each stage declares in dvc.yaml only the sections it uses
-    (``params_read``), so that changing an FL algorithm never re-runs warm-up or generation."""
-
-    seed: int
-    """The replicate's seed (per-replicate stages) or the root seed (``feature_extractor``)."""
-    dataset: Any
-    diffusion: DiffusionConfig
-    warmup: WarmupConfig
-    generate: GenerateConfig
-    fid: FIDConfig
-    params_read: dict
-    device: DeviceConfig = DeviceConfig()
-
-
-STAGE_SECTIONS = {  # each also reads the top-level device and accel
-    "feature_extractor": ("seed", "dataset", "fid"),
-    "warmup": ("seed", "dataset", "diffusion", "warmup"),
-    "generate": ("seed", "dataset", "diffusion", "warmup", "generate"),
-    "aux_quality": ("seed", "dataset", "diffusion", "generate", "fid"),
-}
-
-
-def diffusion_stage_config(params: dict[str, Any], stage: str, seed: int | str | None = None
-                           ) -> DiffusionStageConfig:
-    """Validate all diffusion-track sections (before any data is loaded); record those ``stage``
-    reads. ``seed``: the replicate of a per-replicate stage (``warmup@<seed>``, ``generate@<seed>``,
-    ``aux_quality@<seed>``), recorded as the ``seed`` it read; None: the root ``seed`` (the shared
-    ``feature_extractor``, or a script run by hand)."""
-    from fedpipe.config.dataset import dataset_config
-    from fedpipe.config.stages import check_sections, read_seed, replicate_seed
-
-    check_sections(params)
-    root = read_seed(params)
-    seed = root if seed is None else replicate_seed(seed)
-    ds = dataset_config(params.get("dataset"))
-    diff = diffusion_config(params.get("diffusion"))
-    cfg = DiffusionStageConfig(
-        seed=seed, dataset=ds, diffusion=diff, warmup=warmup_config(params.get("warmup")),
-        generate=generate_config(params.get("generate")), fid=fid_config(params.get("fid")),
-        params_read={k: seed if k == "seed" else params.get(k) for k in STAGE_SECTIONS[stage]})
-    check_diffusion_track(ds, diff, cfg.fid, cfg.generate)
-    device = device_config(params)  # last: the cheap checks name their keys first
-    cfg = replace(cfg, device=device, params_read={**cfg.params_read,
-                                                   **device_params(params, device)})
-    return cfg

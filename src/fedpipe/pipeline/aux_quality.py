@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpipe.config.diffusion import DiffusionStageConfig, check_diffusion_models
+from fedpipe.config.diffusion import check_diffusion_models
 from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, save_figure, write_csv, write_json
-from fedpipe.pipeline.diffusion import AUX_QUALITY_DIR, FID_DIR, aux_file
+from fedpipe.pipeline.diffusion import AUX_QUALITY_DIR, FID_DIR, DiffusionStageConfig, aux_file
 from fedpipe.pipeline.feature_extractor import check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.generate import check_aux, load_aux
 from fedpipe.pipeline.inputs import replicate_dir

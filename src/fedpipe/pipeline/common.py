@@ -17,7 +17,7 @@ from fedpipe.algorithms import (
     init_config,
 )
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
-from fedpipe.config.core import build
+from fedpipe.config.core import build, check_sections, read_seed
 from fedpipe.config.dataset import check_server_data_source
 from fedpipe.config.device import DeviceConfig, device_config, device_params
 from fedpipe.config.fl import FLConfig, InitConfig, ModelConfig, StudyConfig, fl_config, model_config
@@ -25,7 +25,6 @@ from fedpipe.config.models import (
     _build_problem,
     check_model,  # noqa: F401  (re-exported)
 )
-from fedpipe.config.stages import check_sections, read_seed, replicate_seed
 from fedpipe.data import Dataset
 from fedpipe.models import build_model
 from fedpipe.pipeline.inputs import (  # noqa: F401  (re-exported: the training stages' inputs)
@@ -35,6 +34,7 @@ from fedpipe.pipeline.inputs import (  # noqa: F401  (re-exported: the training 
     fingerprint_of,
     load_partition,
     partition_file,
+    replicate_seed,
 )
 from fedpipe.rng import torch_seed
 

@@ -22,7 +22,7 @@ def check_composed(params: dict[str, Any]) -> None:
     """The params file's sections are known ones, and the study holds registry names only: its
     algorithms, the ``algorithms`` sections' settings, its corruptions (ConfigError otherwise;
     :func:`fedpipe.pipeline.plan.check_study`)."""
-    from fedpipe.config.stages import check_sections
+    from fedpipe.config.core import check_sections
     from fedpipe.pipeline.plan import check_study
 
     check_sections(params)

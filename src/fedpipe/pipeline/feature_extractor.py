@@ -26,14 +26,14 @@ import torch
 from tqdm.auto import tqdm
 
 from fedpipe.config.device import AccelConfig
-from fedpipe.config.diffusion import DiffusionStageConfig, FIDConfig, check_diffusion_models
+from fedpipe.config.diffusion import FIDConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, DatasetMeta, load_dataset
 from fedpipe.fl.local import local_train
 from fedpipe.io import load_tensors, md5_file, read_metadata, save_tensors, write_json
 from fedpipe.metrics.fid import FID, ClassifierFeatures, inception_extractor, load_reference, save_reference
 from fedpipe.models import build_model
-from fedpipe.pipeline.diffusion import FID_DIR
+from fedpipe.pipeline.diffusion import FID_DIR, DiffusionStageConfig
 from fedpipe.rng import torch_generator, torch_seed
 from fedpipe.tasks import ClassificationTask
 

@@ -35,7 +35,7 @@ from fedpipe.algorithms import (
 )
 from fedpipe.cli import keep_on_interrupt
 from fedpipe.config import dataset_config
-from fedpipe.config.core import build
+from fedpipe.config.core import build, check_sections, read_seed
 from fedpipe.config.device import DeviceConfig, device_config, device_params
 from fedpipe.config.diffusion import (
     DiffusionConfig,
@@ -46,7 +46,6 @@ from fedpipe.config.diffusion import (
     fid_config,
 )
 from fedpipe.config.fl import FLConfig, StudyConfig, fl_config
-from fedpipe.config.stages import check_sections, read_seed
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import ServerData, run_federated
 from fedpipe.io import md5_file, save_figure, write_json

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedpipe.config.diffusion import DiffusionStageConfig, check_diffusion_models
+from fedpipe.config.diffusion import check_diffusion_models
 from fedpipe.data import apportion, load_dataset
 from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.state import all_finite
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_json
-from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, make_task, make_unet
+from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, DiffusionStageConfig, make_task, make_unet
 from fedpipe.pipeline.inputs import check_input, load_partition, partition_file, replicate_dir
 from fedpipe.pipeline.warmup import client_path
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count

@@ -1,6 +1,7 @@
 """The inputs every training stage shares, kept apart from the algorithm registry so that the
-diffusion stages (warm-up, generation) import neither the algorithms nor the round engine: the
-partition file, each client's data, and the fingerprint that identifies resumable work."""
+diffusion stages (warm-up, generation) import neither the algorithms nor the round engine: a
+replicate's seed argument and folder, the partition file, each client's data, and the fingerprint
+that identifies resumable work."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from fedpipe.config.stages import replicate_dir
+from fedpipe.config.core import check
 from fedpipe.data import ClientData, Dataset, Partition, client_data
 from fedpipe.io import (  # noqa: F401  (re-exported: the stages' input checks)
     check_input,
@@ -19,6 +20,24 @@ from fedpipe.io import (  # noqa: F401  (re-exported: the stages' input checks)
 
 PARTITION_DIR = "data/partition"
 BACKBONE_DIR = "data/backbone"
+
+
+def replicate_seed(value: int | str) -> int:
+    """A per-replicate stage's seed argument (one of ``study.seeds``: ``partition@<seed>``, ...)."""
+    if isinstance(value, str):
+        check(value.isdigit(), "seed argument", value, "an integer >= 0 (one of study.seeds)")
+        value = int(value)
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "seed argument",
+          value, "an integer >= 0 (one of study.seeds)")
+    return value
+
+
+def replicate_dir(root: str | Path, seed: int) -> Path:
+    """The folder of replicate ``seed`` (one of ``study.seeds``) of a per-replicate stage's outputs:
+    ``<root>/seed_<seed>`` (``data/partition/seed_0``, ``data/warmup/seed_2``, ...). Each replicate
+    of the whole experiment draws its partition, warm-up DDPMs, auxiliary set, server data and
+    training streams from its own seed (docs/replicates.md)."""
+    return Path(root) / f"seed_{seed}"
 
 
 def partition_file(seed: int, root: str | Path = PARTITION_DIR) -> Path:

@@ -50,6 +50,8 @@ from fedpipe.claims import (
     all_claims,
     claims_metrics,
     judge_all,
+    mean_pm_std,
+    metric_cell,
     min_detectable_lines,
     paper_summaries,
     report_sections,
@@ -88,10 +90,6 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     a = np.asarray(values, dtype=np.float64)
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
-
-
-def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
 def ddpm_run_dir(root: str | Path, algorithm: str, seed: int) -> Path:
@@ -147,7 +145,7 @@ def diffusion_table(study: StudyConfig, summary_: dict, meta: dict) -> list[str]
              "|---|" + "---|" * (head.count("|") - 2)]
     best = min(s["fid_mean"] for s in summary_.values())
     for algo, s in summary_.items():
-        cell = fmt(s["fid_mean"], s["fid_std"], s["seeds"])
+        cell = mean_pm_std(s["fid_mean"], s["fid_std"], s["seeds"], 3)
         if s["fid_mean"] == best:
             cell = f"**{cell}**"
         row = (f"| {algo} | {cell} | {s['stopped_at_mean']:.0f} | {s['server_steps_mean']:.0f} | "
@@ -176,14 +174,6 @@ def read_classification(evaluate_dir: str | Path) -> tuple[dict, dict]:
     return docs[0], docs[1]
 
 
-def _pct(m: dict[str, float], key: str) -> str:
-    if m.get(key) is None:
-        return "—"
-    std, n = m.get(f"{key}_std"), int(m.get("seeds", 1))
-    return (f"{100 * m[key]:.2f} ± {100 * std:.2f}" if std is not None and n > 1
-            else f"{100 * m[key]:.2f}")
-
-
 def classification_table(metrics: dict[str, dict[str, float]]) -> list[str]:
     cols = GLOBAL_COLUMNS + [c for c in PERSONAL_COLUMNS if any(c[0] in m for m in metrics.values())]
     seeds = sorted({int(m.get("seeds", 1)) for m in metrics.values()})
@@ -192,7 +182,7 @@ def classification_table(metrics: dict[str, dict[str, float]]) -> list[str]:
              "columns: each client's own model)", "",
              "| algorithm | " + " | ".join(c[1] for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for algo, m in metrics.items():
-        lines.append(f"| {algo} | " + " | ".join(_pct(m, k) for k, _ in cols) + " |")
+        lines.append(f"| {algo} | " + " | ".join(metric_cell(m, k) for k, _ in cols) + " |")
     return lines
 
 

@@ -26,9 +26,8 @@ from fedpipe.algorithms import (
     check_algorithms,
 )
 from fedpipe.config import ConfigError
-from fedpipe.config.core import build
+from fedpipe.config.core import build, check_sections
 from fedpipe.config.fl import StudyConfig
-from fedpipe.config.stages import check_sections
 from fedpipe.data import ClientData
 from fedpipe.fl import ServerData
 from fedpipe.io import check_input, load_tensors, md5_file, read_json_input, save_tensors, write_json

@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedpipe.cli import keep_on_interrupt
-from fedpipe.config.diffusion import DiffusionStageConfig, WarmupConfig, check_diffusion_models
+from fedpipe.config.diffusion import WarmupConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.errors import DivergenceError, InputError
@@ -52,6 +52,7 @@ from fedpipe.io import (
 )
 from fedpipe.pipeline.diffusion import (
     WARMUP_DIR,
+    DiffusionStageConfig,
     make_task,
     make_unet,
     params_fingerprint,

@@ -1,23 +1,49 @@
-"""The partition stage's library side: load, partition, compute statistics, write every output
-atomically. The stage script adds only MLflow logging."""
+"""The partition stage's library side: its view of params (validated before any data loads), then
+load, partition, compute statistics, write every output atomically. The stage script adds only
+MLflow logging."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from fedpipe.config import PartitionStageConfig
+from fedpipe.config.core import check_sections, read_seed
+from fedpipe.config.dataset import DatasetConfig, dataset_config
+from fedpipe.config.partition import PartitionConfig, partition_config
 from fedpipe.data.datasets import load_dataset
 from fedpipe.data.partition import Partition, make_partition
 from fedpipe.data.stats import client_rows, partition_statistics, plot_heatmap, plot_sizes
 from fedpipe.io import md5_file, save_figure, write_csv, write_json
+from fedpipe.pipeline.inputs import replicate_seed
 
 log = logging.getLogger(__name__)
 
 PARTITION_FILE = "partition.safetensors"
+
+
+@dataclass(frozen=True)
+class PartitionStageConfig:
+    seed: int
+    """The replicate's seed (``partition@<seed>``)."""
+    dataset: DatasetConfig
+    partition: PartitionConfig
+
+
+def partition_stage_config(params: dict[str, Any], seed: int | str | None = None
+                           ) -> PartitionStageConfig:
+    """Validate everything the ``partition@<seed>`` stage reads (sections dataset, partition, and
+    the replicate's ``seed``; by default the root ``seed``, for a script run by hand)."""
+    check_sections(params)
+    root = read_seed(params)
+    seed = root if seed is None else replicate_seed(seed)
+    ds = dataset_config(params.get("dataset"))
+    part = partition_config(params.get("partition"))
+    part.check_against(ds)
+    return PartitionStageConfig(seed=seed, dataset=ds, partition=part)
 
 
 @dataclass(frozen=True)
