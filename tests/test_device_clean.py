@@ -244,13 +244,12 @@ def run_track(root: Path, device: str = "cpu") -> dict[str, str]:
     with the ``device`` setting. Returns the digests of what each wrote."""
     from test_diffusion_stages import tiny_params
 
-    from fedpipe.config import partition_stage_config
-    from fedpipe.config.diffusion import diffusion_stage_config
-    from fedpipe.data.outputs import partition_and_write
     from fedpipe.io import load_tensors
+    from fedpipe.pipeline.diffusion import diffusion_stage_config
     from fedpipe.pipeline.feature_extractor import feature_extractor
     from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm, run_dir
     from fedpipe.pipeline.generate import generate
+    from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
     from fedpipe.pipeline.warmup import client_path, warmup
 
     params = tiny_params(
