@@ -313,7 +313,8 @@ class ClientSide(Method):
         FedRep's phases) overrides this, and is then trained by the serial executors only."""
         plan = self.local_plan(payload, client_state, data, client_id)
         model = self.scratch_model(plan.start)
-        params = trainable(model)
+        terms = plan.prox_centre is not None or plan.correction is not None or plan.grad_sum
+        params = trainable(model) if terms else {}  # plain local training (FedAvg) needs none
         grad_sum = ({n: torch.zeros_like(p.detach()) for n, p in params.items()}
                     if plan.grad_sum else None)
         metrics = local_train(model, data, self.task, self.local, payload.round, gen,
