@@ -122,6 +122,27 @@ def test_repro_outputs_then_nothing_reruns(workdir):
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/heatmap.png", "plots/sizes.png"} <= arts
 
+    # make ui's compare view: its filter, through MLflow's own search, selects the training stages'
+    # runs, and every key it charts, groups by or shows is one those runs logged
+    from fedpipe.tracking.ui import COMPARE_FILTER, COMPARE_KEY, RUNS_KEY, view_states
+
+    shown = client.search_runs([exp.experiment_id], COMPARE_FILTER)
+    trained = classification | {f"federate_ddpm@{a}-{s}" for a in study["diffusion_algorithms"]
+                                for s in seeds}
+    assert {r.data.tags["dvc.stage"] for r in shown} == trained
+    view = view_states()[COMPARE_KEY]
+    metrics = set().union(*(r.data.metrics for r in shown))
+    params = set().union(*(r.data.params for r in shown))
+    assert all(chart["metricKey"] in metrics for chart in view["compareRunCharts"])
+    for group in view["groupBy"]["groupByKeys"]:
+        assert all(group["groupByData"] in (r.data.tags if group["mode"] == "tag" else r.data.params)
+                   for r in shown), group
+    parents = client.search_runs([exp.experiment_id], "tags.study != ''")
+    for column in view["selectedColumns"] + view_states()[RUNS_KEY]["selectedColumns"]:
+        kind, key = column.split(".", 1)
+        assert any(key.strip("`") in (r.data.params if kind == "params" else r.data.metrics)
+                   for r in shown + parents), column
+
 
 def test_exp_show_recipe_whole_at_200_columns_with_mains_metrics(workdir):
     """The summary metrics are in git (not ignored) and committed with dvc.lock, as the README

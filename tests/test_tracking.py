@@ -388,3 +388,31 @@ def test_make_ui_prints_the_runs_table_of_the_projects_experiment(tracked):
     assert runs_table_url(uri, []) == f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs"
     assert runs_table_url(uri, ["--port", "5001", "--host", "0.0.0.0"]) == \
         f"http://0.0.0.0:5001/#/experiments/{exp_id}/runs"
+
+
+def test_make_ui_stores_its_views_on_the_experiment(tracked):
+    """The runs table and the compare view are MLflow's shared view states, experiment tags the UI
+    loads by the key in the printed address; written again on each start (an older one replaced)."""
+    tmp_path, uri = tracked
+    from mlflow.tracking import MlflowClient
+
+    from fedpipe.tracking.ui import COMPARE_KEY, RUNS_KEY, view_states, view_url, write_views
+
+    assert write_views(uri) is None  # no experiment yet
+    with stage_run("federate@fedavg-0", {"fl": {"rounds": 1}}, 0):
+        pass
+    sync_pending()
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.get_experiment_by_name("fedpipe").experiment_id
+    client.set_experiment_tag(exp_id, f"mlflow.sharedViewState.{COMPARE_KEY}", "an older layout")
+    assert write_views(uri) == exp_id
+    tags = client.get_experiment(exp_id).tags
+    for key in (RUNS_KEY, COMPARE_KEY):
+        assert json.loads(tags[f"mlflow.sharedViewState.{key}"]) == view_states()[key]
+    compare = view_states()[COMPARE_KEY]
+    charts = compare["compareRunCharts"]
+    assert {c["metricSectionId"] for c in charts} == {s["uuid"] for s in compare["compareRunSections"]}
+    assert len({c["uuid"] for c in charts}) == len(charts)
+    runs = f"http://h:1/#/experiments/{exp_id}/runs"
+    assert view_url(runs, COMPARE_KEY) == f"{runs}?compareRunsMode=CHART&viewStateShareKey={COMPARE_KEY}"
+    assert view_url(runs, RUNS_KEY) == f"{runs}?compareRunsMode=TABLE&viewStateShareKey={RUNS_KEY}"

@@ -6,7 +6,9 @@ SQLite one, else ``<repo>/mlflow.db``), the stored artifact locations are rewrit
 repository root (:func:`fedpipe.tracking.locations.relocate`), under the database's file lock, so a
 moved or copied repository still shows its runs' artifacts. Extra arguments go to ``mlflow ui``
 (``--port 5001``, ``--host 0.0.0.0``). It prints the address of the ``fedpipe`` experiment's runs
-table, since MLflow 3 opens on its GenAI home page. Spooled runs that no stage replayed yet (a
+table, since MLflow 3 opens on its GenAI home page, and of its compare view: two views fedpipe
+keeps on that experiment (:func:`view_states`, through MLflow's own shared-view mechanism: an
+experiment tag the UI loads by its key). Spooled runs that no stage replayed yet (a
 pipeline stopped before its report, a stage still running) are replayed first
 (:func:`fedpipe.tracking.sync.sync_pending`; a running stage's file is left to it).
 """
@@ -55,6 +57,85 @@ def runs_table_url(uri: str, argv: list[str]) -> str | None:
     return f"http://{host}:{opts.get('--port', '5000')}/#/experiments/{row[0]}/runs"
 
 
+# Two views of the runs page, stored as MLflow's shared view state (experiment tag
+# ``mlflow.sharedViewState.<key>``, opened by ``?viewStateShareKey=<key>``); without them MLflow opens
+# on its default columns, and its compare page on the alphabetically first param and metric.
+# - "fedpipe-runs", the runs table: each pipeline execution's parent run with its study and claim
+#   counts; expanded, its stage runs with their algorithm, replicate and final metric.
+# - "fedpipe-compare", chart mode: the training stages' runs only (federate@..., federate_ddpm@...;
+#   MLflow adds their parent's row), grouped by algorithm within each DVC experiment (a study's
+#   replicates pool into one mean; two variants, such as two Dirichlet alphas, stay apart).
+RUNS_KEY, COMPARE_KEY = "fedpipe-runs", "fedpipe-compare"
+COMPARE_FILTER = "attributes.run_name LIKE 'federate%'"
+#: (chart type, metric): the classification track's accuracy and the diffusion track's FID, final
+#: (a bar per group: the mean over its replicates) and by round; a track a study does not run has no
+#: values, and its charts are hidden (hideEmptyCharts).
+COMPARE_CHARTS = (("BAR", "final_test_accuracy"), ("LINE", "test_accuracy"),
+                  ("BAR", "final_fid"), ("LINE", "test_fid"))
+#: the columns of each view (MLflow's canonical column keys)
+RUNS_COLUMNS = ("params.`study.name`", "metrics.`claims.held`", "metrics.`claims.not_shown`",
+                "metrics.`claims.contradicted`", "metrics.`claims.claims`", "params.`algorithm`",
+                "params.`run_seed`", "metrics.`final_test_accuracy`", "metrics.`final_fid`")
+COMPARE_COLUMNS = ("params.`algorithm`", "params.`run_seed`", "params.`study.name`",
+                   "metrics.`final_test_accuracy`", "metrics.`final_fid`")
+
+
+def _chart(i: int, kind: str, key: str, section: str) -> dict:
+    chart = {"uuid": f"fedpipe-chart-{i}", "type": kind, "runsCountToCompare": 100,
+             "metricSectionId": section, "deleted": False, "isGenerated": False, "metricKey": key}
+    if kind == "LINE":
+        chart |= {"selectedMetricKeys": [key], "lineSmoothness": 0, "xAxisScaleType": "linear",
+                  "scaleType": "linear", "range": {}, "xAxisKey": "step",
+                  "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [],
+                  "ignoreOutliers": False, "useGlobalXaxisKey": False,
+                  "useGlobalLineSmoothing": True}
+    return chart
+
+
+def view_states() -> dict[str, dict]:
+    """{share key: the view as MLflow's experiment page state (search facets and UI state)}."""
+    base = {"orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+            "lifecycleFilter": "Active"}
+    section = "fedpipe-section"
+    return {
+        RUNS_KEY: base | {"searchFilter": "", "selectedColumns": list(RUNS_COLUMNS)},
+        COMPARE_KEY: base | {
+            "searchFilter": COMPARE_FILTER, "selectedColumns": list(COMPARE_COLUMNS),
+            "groupBy": {"aggregateFunction": "average",
+                        "groupByKeys": [{"mode": "param", "groupByData": "algorithm"},
+                                        {"mode": "tag", "groupByData": "dvc.exp_name"}]},
+            "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
+            "compareRunCharts": [_chart(i, kind, key, section)
+                                 for i, (kind, key) in enumerate(COMPARE_CHARTS)],
+            "compareRunSections": [{"uuid": section, "name": "fedpipe", "display": True,
+                                    "isReordered": False, "deleted": False, "isGenerated": False}]},
+    }
+
+
+def write_views(uri: str) -> str | None:
+    """Store the views on experiment ``fedpipe`` (replacing older ones); its experiment id, or None
+    before the first run."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT))
+    if exp is None:
+        return None
+    with _db_lock(uri):
+        for key, state in view_states().items():
+            client.set_experiment_tag(exp.experiment_id, f"mlflow.sharedViewState.{key}",
+                                      json.dumps(state, separators=(",", ":")))
+    return exp.experiment_id
+
+
+def view_url(runs_url: str, key: str) -> str:
+    """The address of view ``key`` of the runs page at ``runs_url``."""
+    mode = "CHART" if key == COMPARE_KEY else "TABLE"
+    return f"{runs_url}?compareRunsMode={mode}&viewStateShareKey={key}"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     uri = tracking_uri()
@@ -70,7 +151,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"synced {synced} spooled run(s)", flush=True)
     url = runs_table_url(uri, argv)
     if url is not None:
-        print(f"the project's runs: {url}", flush=True)
+        write_views(uri)
+        print(f"the project's runs: {view_url(url, RUNS_KEY)}", flush=True)
+        print(f"compare them (charts, grouped by algorithm): {view_url(url, COMPARE_KEY)}",
+              flush=True)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *argv]
     os.execv(sys.executable, cmd)
 
