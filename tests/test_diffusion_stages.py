@@ -33,7 +33,7 @@ TINY = {
     "diffusion": {"num_train_timesteps": 10},
     "warmup": {"epochs": 2, "batch_size": 64},
     "generate": {"ratio": 0.1, "sampler": "ddpm"},
-    "fid": {"classifier_epochs": 2, "num_samples": 50},
+    "fid": {"classifier_epochs": 2, "num_samples": 50, "sampler": "ddpm"},
 }
 
 

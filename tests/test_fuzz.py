@@ -403,7 +403,7 @@ CASES.append(Case("params_file:missing", lambda tmp: load_params(tmp / "nope.yam
 # -- corrupt, truncated, garbage and missing input files -------------------------------------------
 TINY = {"partition": {"scheme": "iid", "num_clients": 2}, "diffusion": {"num_train_timesteps": 10},
         "warmup": {"epochs": 1, "batch_size": 128}, "generate": {"ratio": 0.02},
-        "fid": {"classifier_epochs": 1, "num_samples": 20, "curve_samples": 20},
+        "fid": {"classifier_epochs": 1, "num_samples": 20, "curve_samples": 20, "sampler": "ddpm"},
         "fl": {"rounds": 1, "local": {"epochs": 1}},
         "diffusion_fl": {"rounds": 1, "eval_every": 1, "local": {"epochs": 1, "optimizer": "adam",
                                                                   "lr": 1e-3}}}

@@ -36,7 +36,8 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
 TINY_CONF = {"diffusion/digits.yaml": {"num_train_timesteps": 10},
              "warmup/digits.yaml": {"epochs": 2},
              "diffusion_fl/digits.yaml": {"rounds": 2, "eval_every": 1},
-             "fid/default.yaml": {"classifier_epochs": 3, "num_samples": 20, "curve_samples": 10}}
+             "fid/digits.yaml": {"classifier_epochs": 3, "num_samples": 20, "curve_samples": 10,
+                                 "ddim_steps": 5}}
 
 
 def shrink_diffusion_track(dst: Path) -> None:

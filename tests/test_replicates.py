@@ -93,7 +93,8 @@ def test_replicate_zero_is_the_run_before_replicates(tmp_path, one_thread):
     for section, values in {"partition": {"scheme": "iid", "num_clients": 4},
                             "diffusion": {"num_train_timesteps": 10},
                             "warmup": {"epochs": 1, "batch_size": 64},
-                            "generate": {"ratio": 0.05, "sampler": "ddpm"}}.items():
+                            "generate": {"ratio": 0.05, "sampler": "ddpm"},
+                            "fid": {"sampler": "ddpm"}}.items():
         q[section] = {**q.get(section, {}), **values}
     q["partition"].pop("shards_per_client", None)
     dp = tmp_path / "dpart"
