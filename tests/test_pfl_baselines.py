@@ -25,6 +25,7 @@ from fakes import two_layer_strategy as make
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.algorithms.creff import retrain_head
 from fedpipe.algorithms.fedrod import weights_seed
 from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
@@ -343,6 +344,45 @@ def test_creff_real_gradients_matching_and_retraining():
     assert torch.equal(s.payload(new, 1, 0).weights["head.weight"], update.weights["head.weight"])
     assert cstate["local_model"] is update.weights
     assert s.personalized_model(new, cstate, d, None) is update.weights
+
+
+def autograd_retrain(head, feats, labels, epochs, batch_size, lr, gen):
+    """CReFF's classifier re-training as it was written before ``retrain_head``: autograd and
+    torch.optim.SGD, one step per minibatch (the plain reference)."""
+    head = {k: v.clone().requires_grad_(True) for k, v in head.items()}
+    opt = torch.optim.SGD(list(head.values()), lr=lr)
+    for _ in range(epochs):
+        order = torch.randperm(len(labels), generator=gen)
+        for s in range(0, len(order), batch_size):
+            i = order[s:s + batch_size]
+            opt.zero_grad(set_to_none=True)
+            logits = F.linear(feats[i], head["head.weight"], head.get("head.bias"))
+            F.cross_entropy(logits, labels[i]).backward()
+            opt.step()
+    return {k: v.detach() for k, v in head.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_creff_retraining_is_bit_for_bit_the_autograd_sgd_loop(dtype, bias):
+    """``retrain_head`` (the gradient of a linear classifier's CE written out) gives exactly the
+    weights of autograd + torch.optim.SGD, at the smoke study's shapes (10 classes x 100 features of
+    48, batch 32: a last batch of 8), bias-free like cnn_fednh's head or with a bias."""
+    g = torch.Generator().manual_seed(3)
+    c, n, d = 10, 100, 48
+    feats = torch.randn(c * n, d, generator=g, dtype=dtype)
+    labels = torch.arange(c).repeat_interleave(n)
+    head = {"head.weight": 0.1 * torch.randn(c, d, generator=g, dtype=dtype)}
+    if bias:
+        head["head.bias"] = 0.1 * torch.randn(c, generator=g, dtype=dtype)
+    before = {k: v.clone() for k, v in head.items()}
+    want = autograd_retrain(head, feats, labels, 6, 32, 0.01, torch.Generator().manual_seed(9))
+    got = retrain_head(head, feats, labels, 6, 32, 0.01, torch.Generator().manual_seed(9))
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == dtype and not torch.equal(got[k], before[k])  # it trained
+        assert torch.equal(got[k], want[k]), (k, (got[k] - want[k]).abs().max())
+        assert torch.equal(head[k], before[k])  # the server state's head is left as it was
 
 
 @pytest.mark.parametrize(("name", "bad"), [
