@@ -189,9 +189,8 @@ class CReFF(Strategy):
             x, y = data.batch(idx, gen)
             with torch.no_grad():
                 z = model.features(x)
-            w = head.weight.detach().requires_grad_(True)
-            loss = F.cross_entropy(F.linear(z, w, None if head.bias is None else head.bias.detach()), y)
-            grads[cls] = torch.autograd.grad(loss, w)[0]
+                total = torch.full((), float(len(y)), dtype=z.dtype, device=z.device)
+                grads[cls] = linear_ce_grads(z, y, head.weight, head.bias, total)[1]
         model.train()
         return grads, counts
 
