@@ -103,9 +103,10 @@ def linear_ce_grads(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.
     autograd runs for it (log_softmax, nll_loss_backward, _log_softmax_backward_data, then its mm
     backward for x @ W^T, W^T being column-major), without building and running a backward graph;
     differentiable in ``x``, with the graph ``autograd.grad(..., create_graph=True)`` records
-    (the feature matching differentiates the weight gradient with respect to the features).
-    Written out by hand: no library gives it; tests/test_pfl_baselines.py checks both uses against
-    autograd, bit for bit."""
+    (the feature matching differentiates the weight gradient with respect to the features). The
+    clients' real gradients, the matched synthetic ones and the re-training all take it. Written
+    out by hand: no library gives it; tests/test_pfl_baselines.py checks it and the server loops
+    against autograd, bit for bit."""
     aten = torch.ops.aten
     logp = torch.log_softmax(F.linear(x, w, b), 1)
     g = aten.nll_loss_backward(torch.ones_like(total), logp, y, None, 1, -100, total)  # 1: mean
