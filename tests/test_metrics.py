@@ -24,6 +24,7 @@ from fedpipe.metrics import (
     per_class_accuracy,
     per_client_accuracy,
     per_client_loss,
+    pm_accuracies,
     pm_accuracy,
     sigma_acc,
     train_class_counts,
@@ -198,6 +199,31 @@ def test_pm_v_and_pm_l_differ_by_hand(sample_weighted):
     np.testing.assert_allclose(pm_v[:2], [0.75, 2 / 3])
     np.testing.assert_allclose(pm_l[:2], [0.875, 0.75])
     assert np.isnan(pm_v[2]) and np.isnan(pm_l[2])
+
+
+class CountingTask:
+    """TASK, counting the samples it classifies (``correct``)."""
+
+    def __init__(self):
+        self.samples = 0
+
+    def correct(self, model, x, y):
+        self.samples += len(y)
+        return TASK.correct(model, x, y)
+
+
+def test_pm_accuracies_give_both_modes_from_one_pass_over_the_test_set():
+    models = [MODEL_A, MODEL_B, None]
+    task = CountingTask()
+    both = pm_accuracies(models, TEST_X, TEST_Y, TRAIN_COUNTS, task)
+    assert list(both) == ["V", "L"] and task.samples == 2 * len(TEST_Y)  # each model once
+    np.testing.assert_allclose(both["V"][:2], [0.75, 2 / 3])  # the hand values above
+    np.testing.assert_allclose(both["L"][:2], [0.875, 0.75])
+    for mode in ("V", "L"):
+        np.testing.assert_array_equal(both[mode],
+                                      pm_accuracy(models, TEST_X, TEST_Y, TRAIN_COUNTS, mode, TASK))
+    with pytest.raises(ValueError, match="mode"):
+        pm_accuracies(models, TEST_X, TEST_Y, TRAIN_COUNTS, TASK, ("V", "G"))
 
 
 def test_pm_with_one_model_for_all_clients():

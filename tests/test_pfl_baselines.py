@@ -4,6 +4,8 @@ one step of each against hand-computed values on tiny models, and (slow) each th
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +27,12 @@ from fakes import two_layer_strategy as make
 from torch import nn
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
+from fedpipe.algorithms.creff import (
+    cosine_distance,
+    linear_ce_grads,
+    match_features,
+    retrain_head,
+)
 from fedpipe.algorithms.fedrod import weights_seed
 from fedpipe.config import ConfigError
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
@@ -36,6 +44,10 @@ from fedpipe.models.classifiers import Classifier
 from fedpipe.pipeline.federate import client_evaluator
 from fedpipe.rng import torch_generator
 from fedpipe.tasks import ClassificationTask
+
+# CReFF's server loops as written before their rewrite: the plain references, kept with their benchmark
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from creff_server import autograd_matching, autograd_retrain  # noqa: E402
 
 CLIENTS = list(REGRESSION_CLIENTS[:2])
 BV, HV = torch.tensor([[0.2, 0.1], [-0.3, 0.4]], dtype=DT), torch.tensor([[-0.5, 0.2]], dtype=DT)
@@ -343,6 +355,72 @@ def test_creff_real_gradients_matching_and_retraining():
     assert torch.equal(s.payload(new, 1, 0).weights["head.weight"], update.weights["head.weight"])
     assert cstate["local_model"] is update.weights
     assert s.personalized_model(new, cstate, d, None) is update.weights
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_creff_retraining_is_bit_for_bit_the_autograd_sgd_loop(dtype, bias):
+    """``retrain_head`` (the gradient of a linear classifier's CE written out) gives exactly the
+    weights of autograd + torch.optim.SGD, at the smoke study's shapes (10 classes x 100 features of
+    48, batch 32: a last batch of 8), bias-free like cnn_fednh's head or with a bias."""
+    g = torch.Generator().manual_seed(3)
+    c, n, d = 10, 100, 48
+    feats = torch.randn(c * n, d, generator=g, dtype=dtype)
+    labels = torch.arange(c).repeat_interleave(n)
+    head = {"head.weight": 0.1 * torch.randn(c, d, generator=g, dtype=dtype)}
+    if bias:
+        head["head.bias"] = 0.1 * torch.randn(c, generator=g, dtype=dtype)
+    before = {k: v.clone() for k, v in head.items()}
+    want = autograd_retrain(head, feats, labels, 6, 32, 0.01, torch.Generator().manual_seed(9))
+    got = retrain_head(head, feats, labels, 6, 32, 0.01, torch.Generator().manual_seed(9))
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == dtype and not torch.equal(got[k], before[k])  # it trained
+        assert torch.equal(got[k], want[k]), (k, (got[k] - want[k]).abs().max())
+        assert torch.equal(head[k], before[k])  # the server state's head is left as it was
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_creff_matching_is_bit_for_bit_the_autograd_loop(bias):
+    """``match_features`` gives exactly the features of the autograd loop it replaced
+    (``autograd.grad(create_graph=True)``, torch.optim.SGD), over all classes and over a few."""
+    g = torch.Generator().manual_seed(4)
+    c, n, d = 10, 100, 48
+    feats = torch.randn(c * n, d, generator=g)
+    labels = torch.arange(c).repeat_interleave(n)
+    head = {"head.weight": 0.1 * torch.randn(c, d, generator=g)}
+    if bias:
+        head["head.bias"] = 0.1 * torch.randn(c, generator=g)
+    real = 0.01 * torch.randn(c, c, d, generator=g)
+    for owned in (list(range(c)), [0, 3, 7]):
+        want = autograd_matching(feats, labels, owned, head, real, 4, 0.5)
+        got = match_features(feats, labels, owned, head, real, 4, 0.5)
+        assert not torch.equal(got, feats) and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_creff_linear_ce_grads_and_their_feature_gradient_are_autograds(dtype, bias):
+    """``linear_ce_grads`` gives autograd's gradient of CE(x W^T + b, y), and the gradient of the
+    feature-matching distance through it (d/dF of D(grad_W, g_real)) is what autograd's
+    create_graph=True gives, bit for bit, at the smoke study's shapes (100 features of 48)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(100, 48, generator=g, dtype=dtype)
+    y = torch.randint(0, 10, (100,), generator=g)
+    w = 0.1 * torch.randn(10, 48, generator=g, dtype=dtype)
+    b = 0.1 * torch.randn(10, generator=g, dtype=dtype) if bias else None
+    real = 0.01 * torch.randn(10, 48, generator=g, dtype=dtype)
+    total = torch.tensor(100.0, dtype=dtype)
+    xa, wa = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    logits = F.linear(xa, wa, b)
+    gz_want, gw_want = torch.autograd.grad(F.cross_entropy(logits, y), (logits, wa),
+                                           create_graph=True)
+    cosine_distance(gw_want, real).backward()
+    xe = x.clone().requires_grad_(True)
+    gz, gw = linear_ce_grads(xe, y, w, b, total)
+    assert torch.equal(gz, gz_want) and torch.equal(gw, gw_want)
+    cosine_distance(gw, real).backward()
+    assert xa.grad.abs().sum() > 0 and torch.equal(xe.grad, xa.grad)
 
 
 @pytest.mark.parametrize(("name", "bad"), [

@@ -94,8 +94,75 @@ def head_of(weights: Weights) -> Weights:
     return {k: weights[k] for k in HEAD_KEYS if k in weights}
 
 
-def logits(head: Weights, z: torch.Tensor) -> torch.Tensor:
-    return F.linear(z, head["head.weight"], head.get("head.bias"))
+def linear_ce_grads(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                    total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d loss / d logits, d loss / d W) of loss = CE(x W^T + b, y), the mean over the rows of ``x``
+    (``total``: their number, a 0-dim tensor: nll_loss's total_weight without class weights).
+
+    Bit for bit autograd's gradient of ``F.cross_entropy(F.linear(x, w, b), y)``: the same kernels
+    autograd runs for it (log_softmax, nll_loss_backward, _log_softmax_backward_data, then its mm
+    backward for x @ W^T, W^T being column-major), without building and running a backward graph;
+    differentiable in ``x``, with the graph ``autograd.grad(..., create_graph=True)`` records
+    (the feature matching differentiates the weight gradient with respect to the features). The
+    clients' real gradients, the matched synthetic ones and the re-training all take it. Written
+    out by hand: no library gives it; tests/test_pfl_baselines.py checks it and the server loops
+    against autograd, bit for bit."""
+    aten = torch.ops.aten
+    logp = torch.log_softmax(F.linear(x, w, b), 1)
+    g = aten.nll_loss_backward(torch.ones_like(total), logp, y, None, 1, -100, total)  # 1: mean
+    g = aten._log_softmax_backward_data(g, logp, 1, logp.dtype)
+    return g, g.t().mm(x)
+
+
+def match_features(feats: torch.Tensor, labels: torch.Tensor, owned: list[int], head: Weights,
+                   real: torch.Tensor, epochs: int, lr: float) -> torch.Tensor:
+    """The gradient matching: ``epochs`` SGD steps (lr ``lr``) on the features ``feats`` (rows
+    labelled ``labels``) of sum_c D(grad_W CE(W F_c, c), real[c]) over the ``owned`` classes,
+    at the head ``head`` (W^t, and its bias if it has one); returns the new features (no graph)."""
+    feats = feats.detach().clone().requires_grad_(True)
+    opt = torch.optim.SGD([feats], lr=lr)
+    w, b = head["head.weight"].detach(), head.get("head.bias")
+    rows = {cls: labels == cls for cls in owned}  # the same every epoch
+    totals = {cls: torch.full((), float(rows[cls].sum()), dtype=w.dtype, device=w.device)
+              for cls in owned}
+    for _ in range(epochs):
+        loss = feats.new_zeros(())
+        for cls in owned:  # g_syn = grad_W CE(W F_c, c), differentiable in F_c
+            g_syn = linear_ce_grads(feats[rows[cls]], labels[rows[cls]], w, b, totals[cls])[1]
+            loss = loss + cosine_distance(g_syn, real[cls])
+        opt.zero_grad(set_to_none=True)
+        if owned:
+            loss.backward()
+            opt.step()
+    return feats.detach()
+
+
+def retrain_head(head: Weights, feats: torch.Tensor, labels: torch.Tensor, epochs: int,
+                 batch_size: int, lr: float, gen: torch.Generator) -> Weights:
+    """The classifier re-training on the federated features: ``epochs`` epochs of plain SGD (lr
+    ``lr``) on CE(W_re F, labels) over minibatches of ``batch_size`` in a fresh order each epoch
+    (``gen``), from ``head`` (``head.weight``, and ``head.bias`` if the head has one); returns the
+    trained head, new tensors.
+
+    Bit for bit ``torch.optim.SGD`` on autograd's gradient (:func:`linear_ce_grads`), without a
+    graph or an optimizer per step: 9,600 steps a round at the defaults, each a handful of small
+    kernels, so the per-step overhead of autograd and the optimizer was most of CReFF's server
+    time."""
+    w = head["head.weight"].detach().clone()
+    b = head["head.bias"].detach().clone() if "head.bias" in head else None
+    totals: dict[int, torch.Tensor] = {}  # per batch size (the last batch may be shorter)
+    for _ in range(epochs):
+        order = torch.randperm(len(labels), generator=gen, device=gen.device)
+        xs, ys = feats[order], labels[order]
+        for s in range(0, len(order), batch_size):
+            x, y = xs[s:s + batch_size], ys[s:s + batch_size]
+            if len(y) not in totals:
+                totals[len(y)] = torch.full((), float(len(y)), dtype=w.dtype, device=w.device)
+            g, gw = linear_ce_grads(x, y, w, b, totals[len(y)])
+            if b is not None:
+                b.add_(g.sum(0), alpha=-lr)  # autograd's bias gradient: the logits' summed
+            w.add_(gw, alpha=-lr)  # SGD's step (no momentum, no decay): p - lr * g
+    return {"head.weight": w} | ({} if b is None else {"head.bias": b})
 
 
 class CReFF(Strategy):
@@ -123,9 +190,8 @@ class CReFF(Strategy):
             x, y = data.batch(idx, gen)
             with torch.no_grad():
                 z = model.features(x)
-            w = head.weight.detach().requires_grad_(True)
-            loss = F.cross_entropy(F.linear(z, w, None if head.bias is None else head.bias.detach()), y)
-            grads[cls] = torch.autograd.grad(loss, w)[0]
+                total = torch.full((), float(len(y)), dtype=z.dtype, device=z.device)
+                grads[cls] = linear_ce_grads(z, y, head.weight, head.bias, total)[1]
         model.train()
         return grads, counts
 
@@ -174,34 +240,10 @@ class CReFF(Strategy):
             feats = torch.randn(c * cfg.num_features, d, generator=g, device=g.device,
                                 dtype=sent["head.weight"].dtype)
         labels = torch.arange(c, device=feats.device).repeat_interleave(cfg.num_features)
-        feats = feats.detach().clone().requires_grad_(True)
-        opt = torch.optim.SGD([feats], lr=cfg.feature_lr)
-        w = sent["head.weight"].clone().requires_grad_(True)
-        b = sent.get("head.bias")
-        for _ in range(cfg.feature_epochs):  # gradient matching
-            loss = feats.new_zeros(())
-            for cls in owned:
-                fc = feats[labels == cls]
-                out = F.linear(fc, w, b)
-                g_syn = torch.autograd.grad(F.cross_entropy(out, labels[labels == cls]), w,
-                                            create_graph=True)[0]
-                loss = loss + cosine_distance(g_syn, real[cls])
-            opt.zero_grad(set_to_none=True)
-            if owned:
-                loss.backward()
-                opt.step()
-        feats = feats.detach()
-        head = {k: v.clone().requires_grad_(True) for k, v in state.extra["retrained_head"].items()}
-        ropt = torch.optim.SGD(list(head.values()), lr=cfg.retrain_lr)
+        feats = match_features(feats, labels, owned, sent, real, cfg.feature_epochs, cfg.feature_lr)
         gen = generator_on(rnd.generator("creff-retrain"), feats.device)
-        for _ in range(cfg.retrain_epochs):  # classifier re-training on the features
-            order = torch.randperm(len(labels), generator=gen, device=gen.device)
-            for s in range(0, len(order), cfg.retrain_batch_size):
-                i = order[s:s + cfg.retrain_batch_size]
-                ropt.zero_grad(set_to_none=True)
-                F.cross_entropy(logits(head, feats[i]), labels[i]).backward()
-                ropt.step()
-        head = {k: v.detach() for k, v in head.items()}
+        head = retrain_head(state.extra["retrained_head"], feats, labels, cfg.retrain_epochs,
+                            cfg.retrain_batch_size, cfg.retrain_lr, gen)
         extra = {**state.extra, "features": {"x": feats}, "retrained_head": head}
         return ServerState(weights={**state.weights, **clone(head)}, extra=extra, meta=state.meta)
 

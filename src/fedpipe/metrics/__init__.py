@@ -20,6 +20,7 @@ from fedpipe.metrics.fairness import (
 from fedpipe.metrics.personalized import (
     class_weights,
     per_class_accuracy,
+    pm_accuracies,
     pm_accuracy,
     train_class_counts,
     weighted_client_accuracy,
@@ -40,6 +41,7 @@ __all__ = [
     "per_class_accuracy",
     "per_client_accuracy",
     "per_client_loss",
+    "pm_accuracies",
     "pm_accuracy",
     "save_reference",
     "sigma_acc",

@@ -125,23 +125,33 @@ def pm_accuracy(models: Models, test_x: torch.Tensor, test_y: torch.Tensor, trai
     through each client's class weights). The same model object is evaluated once. With
     ``sample_weighted`` (default) the paper's per-sample formula is used; otherwise the
     balanced-test-set form sum_c w_c acc_c (equal on a balanced test set). The reported PM is the mean
-    over clients (e.g. `client_accuracy_summary`).
+    over clients (e.g. `client_accuracy_summary`). :func:`pm_accuracies` gives both modes from one
+    pass over the test set.
     """
+    return pm_accuracies(models, test_x, test_y, train_counts, task, (mode,), sample_weighted)[mode]
+
+
+def pm_accuracies(models: Models, test_x: torch.Tensor, test_y: torch.Tensor,
+                  train_counts: np.ndarray, task, modes: Sequence[str] = PM_MODES,
+                  sample_weighted: bool = True) -> dict[str, np.ndarray]:
+    """{mode: :func:`pm_accuracy` of ``mode``} for each of ``modes``, each model's per-class test
+    accuracy computed once for all of them (the modes differ only in the class weights)."""
     counts = np.asarray(train_counts)
     if counts.ndim != 2:
         raise ValueError(f"train_counts must have shape (clients, classes), got {counts.shape}")
     num_clients, num_classes = counts.shape
-    weights = class_weights(counts, mode)
+    weights = {mode: class_weights(counts, mode) for mode in modes}
     test_n = class_counts(test_y, num_classes) if sample_weighted else None
     per_client = models_per_client(models, num_clients)
     cache: dict[int, np.ndarray] = {}
-    out = np.full(num_clients, np.nan)
+    out = {mode: np.full(num_clients, np.nan) for mode in modes}
     for i, m in enumerate(per_client):
         if m is None:
             continue
         if id(m) not in cache:
             cache[id(m)] = per_class_accuracy(m, test_x, test_y, num_classes, task)
-        out[i] = weighted_client_accuracy(cache[id(m)], weights[i], test_n)
+        for mode in modes:
+            out[mode][i] = weighted_client_accuracy(cache[id(m)], weights[mode][i], test_n)
     return out
 
 

@@ -29,7 +29,7 @@ from fedpipe.io import (
 from fedpipe.metrics import (
     client_accuracy_summary,
     per_client_accuracy,
-    pm_accuracy,
+    pm_accuracies,
     sigma_acc,
     train_class_counts,
 )
@@ -343,8 +343,7 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
         own = per_client_accuracy(models, local_tests, task, cfg.seed)
         m |= {k.replace("client_acc", "personal_acc"): v
               for k, v in client_accuracy_summary(own).items()}
-        for mode in ("V", "L"):
-            pm = pm_accuracy(models, ds.test.x, ds.test.y, train_counts, mode, task)
+        for mode, pm in pm_accuracies(models, ds.test.x, ds.test.y, train_counts, task).items():
             m[f"pm_{mode.lower()}_mean"] = float(np.nanmean(pm))
             m[f"pm_{mode.lower()}_client_std"] = float(np.nanstd(pm))  # across clients (FedNH Table 2)
         with torch.inference_mode():  # Global-test: each own model on the whole test set
