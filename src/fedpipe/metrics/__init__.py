@@ -21,6 +21,7 @@ from fedpipe.metrics.personalized import (
     class_weights,
     per_class_accuracy,
     pm_accuracy,
+    pm_accuracy_of,
     train_class_counts,
     weighted_client_accuracy,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "per_client_accuracy",
     "per_client_loss",
     "pm_accuracy",
+    "pm_accuracy_of",
     "save_reference",
     "sigma_acc",
     "train_class_counts",
