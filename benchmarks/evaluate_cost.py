@@ -11,6 +11,13 @@ must be equal (the script stops otherwise).
 
 Prints, per algorithm, the reference's and the stage's CPU seconds (median over repeats) and their
 ratio, then the totals.
+
+Measured on the shared 2-core CPU (load 3-6, niced, one thread, --repeats 3; perada_smoke replicate
+0: 8 arms, 10 clients, 18 corrupted sets): perada 2.89 -> 2.63 s (x1.10), perada_nokd x1.08, fedrep
+1.47 -> 0.22 s (x6.67: its personal models share the global body), fedavg_ft x1.08, ditto x1.15,
+lg_fedavg x1.14, fedavg and feddf x1.03-1.04; all runs 12.48 -> 10.23 s (x1.22). Every metric equal.
+At two threads on that loaded machine both took over ten times the CPU (threads spinning while the
+other waits for a core), so compare at one thread there.
 """
 
 from __future__ import annotations
