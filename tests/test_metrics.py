@@ -24,8 +24,8 @@ from fedpipe.metrics import (
     per_class_accuracy,
     per_client_accuracy,
     per_client_loss,
-    pm_accuracies,
     pm_accuracy,
+    pm_accuracy_of,
     sigma_acc,
     train_class_counts,
     weighted_client_accuracy,
@@ -212,18 +212,22 @@ class CountingTask:
         return TASK.correct(model, x, y)
 
 
-def test_pm_accuracies_give_both_modes_from_one_pass_over_the_test_set():
+def test_pm_v_and_pm_l_from_one_pass_over_the_test_set():
+    """The evaluate stage scores each personal model once (task.correct) and reads both PM modes
+    off those predictions (pm_accuracy_of): the hand values above, equal to pm_accuracy's."""
     models = [MODEL_A, MODEL_B, None]
     task = CountingTask()
-    both = pm_accuracies(models, TEST_X, TEST_Y, TRAIN_COUNTS, task)
-    assert list(both) == ["V", "L"] and task.samples == 2 * len(TEST_Y)  # each model once
-    np.testing.assert_allclose(both["V"][:2], [0.75, 2 / 3])  # the hand values above
+    correct = [None if m is None else task.correct(m, TEST_X, TEST_Y) for m in models]
+    assert task.samples == 2 * len(TEST_Y)  # each model once
+    both = {mode: pm_accuracy_of(correct, TEST_Y, TRAIN_COUNTS, mode) for mode in ("V", "L")}
+    np.testing.assert_allclose(both["V"][:2], [0.75, 2 / 3])
     np.testing.assert_allclose(both["L"][:2], [0.875, 0.75])
     for mode in ("V", "L"):
         np.testing.assert_array_equal(both[mode],
                                       pm_accuracy(models, TEST_X, TEST_Y, TRAIN_COUNTS, mode, TASK))
+        assert np.isnan(both[mode][2])
     with pytest.raises(ValueError, match="mode"):
-        pm_accuracies(models, TEST_X, TEST_Y, TRAIN_COUNTS, TASK, ("V", "G"))
+        pm_accuracy_of(correct, TEST_Y, TRAIN_COUNTS, "G")
 
 
 def test_pm_with_one_model_for_all_clients():

@@ -20,8 +20,8 @@ from fedpipe.metrics.fairness import (
 from fedpipe.metrics.personalized import (
     class_weights,
     per_class_accuracy,
-    pm_accuracies,
     pm_accuracy,
+    pm_accuracy_of,
     train_class_counts,
     weighted_client_accuracy,
 )
@@ -41,8 +41,8 @@ __all__ = [
     "per_class_accuracy",
     "per_client_accuracy",
     "per_client_loss",
-    "pm_accuracies",
     "pm_accuracy",
+    "pm_accuracy_of",
     "save_reference",
     "sigma_acc",
     "train_class_counts",

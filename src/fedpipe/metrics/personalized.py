@@ -49,9 +49,14 @@ def per_class_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_c
     NaN for a class with no sample in ``y``. Predictions are the task's own (``task.correct``, eval
     mode, batched). Written by hand rather than with torchmetrics' ``MulticlassAccuracy(average=None)``,
     which reports 0, not "undefined", for a class without test samples."""
+    return class_accuracy(task.correct(model, x, y), y, num_classes)
+
+
+def class_accuracy(correct: torch.Tensor, y: torch.Tensor, num_classes: int) -> np.ndarray:
+    """Per-class accuracy (:func:`per_class_accuracy`) from the boolean vector ``correct``: is
+    sample i of ``y`` classified correctly (``task.correct``)."""
     counts = class_counts(y, num_classes)
-    correct = task.correct(model, x, y).cpu()
-    hits = np.bincount(y.cpu()[correct].numpy(), minlength=num_classes).astype(np.float64)
+    hits = np.bincount(y.cpu()[correct.cpu()].numpy(), minlength=num_classes).astype(np.float64)
     acc = np.full(num_classes, np.nan)
     present = counts > 0
     acc[present] = hits[present] / counts[present]
@@ -125,33 +130,40 @@ def pm_accuracy(models: Models, test_x: torch.Tensor, test_y: torch.Tensor, trai
     through each client's class weights). The same model object is evaluated once. With
     ``sample_weighted`` (default) the paper's per-sample formula is used; otherwise the
     balanced-test-set form sum_c w_c acc_c (equal on a balanced test set). The reported PM is the mean
-    over clients (e.g. `client_accuracy_summary`). :func:`pm_accuracies` gives both modes from one
-    pass over the test set.
+    over clients (e.g. `client_accuracy_summary`).
     """
-    return pm_accuracies(models, test_x, test_y, train_counts, task, (mode,), sample_weighted)[mode]
-
-
-def pm_accuracies(models: Models, test_x: torch.Tensor, test_y: torch.Tensor,
-                  train_counts: np.ndarray, task, modes: Sequence[str] = PM_MODES,
-                  sample_weighted: bool = True) -> dict[str, np.ndarray]:
-    """{mode: :func:`pm_accuracy` of ``mode``} for each of ``modes``, each model's per-class test
-    accuracy computed once for all of them (the modes differ only in the class weights)."""
     counts = np.asarray(train_counts)
     if counts.ndim != 2:
         raise ValueError(f"train_counts must have shape (clients, classes), got {counts.shape}")
-    num_clients, num_classes = counts.shape
-    weights = {mode: class_weights(counts, mode) for mode in modes}
+    cache: dict[int, torch.Tensor] = {}
+    correct = []
+    for m in models_per_client(models, counts.shape[0]):
+        if m is not None and id(m) not in cache:
+            cache[id(m)] = task.correct(m, test_x, test_y)
+        correct.append(None if m is None else cache[id(m)])
+    return pm_accuracy_of(correct, test_y, counts, mode, sample_weighted)
+
+
+def pm_accuracy_of(correct: Sequence[torch.Tensor | None], test_y: torch.Tensor,
+                   train_counts: np.ndarray, mode: str, sample_weighted: bool = True) -> np.ndarray:
+    """:func:`pm_accuracy` from each client's model's predictions on the shared test set:
+    ``correct[i]`` the boolean vector ``task.correct(model_i, test_x, test_y)`` (None -> NaN), so
+    that PM(V), PM(L) and any other score of the same predictions share one pass of each model."""
+    counts = np.asarray(train_counts)
+    if counts.ndim != 2 or counts.shape[0] != len(correct):
+        raise ValueError(f"train_counts must have shape (clients, classes) with one row per "
+                         f"client's predictions ({len(correct)}), got {counts.shape}")
+    num_classes = counts.shape[1]
+    weights = class_weights(counts, mode)
     test_n = class_counts(test_y, num_classes) if sample_weighted else None
-    per_client = models_per_client(models, num_clients)
     cache: dict[int, np.ndarray] = {}
-    out = {mode: np.full(num_clients, np.nan) for mode in modes}
-    for i, m in enumerate(per_client):
-        if m is None:
+    out = np.full(len(correct), np.nan)
+    for i, c in enumerate(correct):
+        if c is None:
             continue
-        if id(m) not in cache:
-            cache[id(m)] = per_class_accuracy(m, test_x, test_y, num_classes, task)
-        for mode in modes:
-            out[mode][i] = weighted_client_accuracy(cache[id(m)], weights[mode][i], test_n)
+        if id(c) not in cache:
+            cache[id(c)] = class_accuracy(c, test_y, num_classes)
+        out[i] = weighted_client_accuracy(cache[id(c)], weights[i], test_n)
     return out
 
 

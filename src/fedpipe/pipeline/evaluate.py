@@ -29,7 +29,7 @@ from fedpipe.io import (
 from fedpipe.metrics import (
     client_accuracy_summary,
     per_client_accuracy,
-    pm_accuracies,
+    pm_accuracy_of,
     sigma_acc,
     train_class_counts,
 )
@@ -298,13 +298,18 @@ def trainable_share(model) -> float:
 def corrupted_accuracy(models: list, sets: dict[tuple[str, int], object], task) -> np.ndarray:
     """Accuracy of each model on the corrupted test sets ``{(name, severity): Split}``: the mean
     over severities, then over corruption names (one value per model)."""
-    names = sorted({n for n, _ in sets})
-    out = np.zeros(len(models))
-    with torch.inference_mode():
-        for i, m in enumerate(models):
-            per_name = [np.mean([float(task.correct(m, s.x, s.y).double().mean())
-                                 for (n, _), s in sets.items() if n == name]) for name in names]
-            out[i] = float(np.mean(per_name))
+    return corrupted_mean(list(sets), task.correct_sets(models, [(s.x, s.y) for s in sets.values()]))
+
+
+def corrupted_mean(keys: list[tuple[str, int]], correct: list[list[torch.Tensor]]) -> np.ndarray:
+    """:func:`corrupted_accuracy` from each model's correctness on each set (``correct[model][k]``
+    on set ``keys[k]``, as ``task.correct_sets`` gives it)."""
+    names = sorted({n for n, _ in keys})
+    out = np.zeros(len(correct))
+    for i, per_set in enumerate(correct):
+        acc = [float(c.double().mean()) for c in per_set]
+        out[i] = float(np.mean([np.mean([a for (n, _), a in zip(keys, acc, strict=True) if n == name])
+                                for name in names]))
     return out
 
 
@@ -314,10 +319,16 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
     each client's local test split) and, for a method with personal models, personalized (each
     client's own model on its split, and FedNH's PM(V) / PM(L): its model on the global test set
     weighted by the classes it owns / its label distribution; FedNH §4.1-§4.2). A method without a
-    global model (Local) has no generic metrics: they are absent, and ``generic`` is None."""
+    global model (Local) has no generic metrics: they are absent, and ``generic`` is None.
+
+    Each model goes over the test set once (PM(V), PM(L) and the Global-test accuracy are scores of
+    the same predictions) and over each corrupted set once, all models of the run in one
+    ``task.correct_sets`` call (which shares the body of models that differ only in their head);
+    every model is put in eval mode once."""
     model = make_model(cfg, ds)
     weights = load_tensors(run / "model.safetensors", stage_of(cfg))
     model.load_state_dict(weights)
+    model.eval()
     history = read_table(run / "history.csv", stage_of(cfg))
     generic, m = None, {}
     if ALGORITHMS[cfg.algorithm].has_global_model():
@@ -330,27 +341,32 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
         m |= {"sigma_acc_global": sigma_acc(generic, m["test_accuracy"]),
               "sigma_acc_std": sigma_acc(generic, reading="std")}
     m |= {**history_means(history), "trainable_share": trainable_share(model)}
-    if corrupted and generic is not None:
-        m["corrupt_accuracy"] = float(corrupted_accuracy([model], corrupted, task)[0])
     personal = load_personal(run, weights, stage_of(cfg))
+    models = []
+    for c in range(len(local_tests) if personal else 0):
+        pm = make_model(cfg, ds)
+        pm.load_state_dict(personal[c])
+        models.append(pm.eval())
+    if corrupted:  # the global model (if any) and the clients' own models, in one pass per set
+        scored = ([model] if generic is not None else []) + models
+        corrupt = corrupted_mean(list(corrupted), task.correct_sets(
+            scored, [(s.x, s.y) for s in corrupted.values()]))
+        if generic is not None:
+            m["corrupt_accuracy"] = float(corrupt[0])
     own = None
-    if personal:
-        models = []
-        for c in range(len(local_tests)):
-            pm = make_model(cfg, ds)
-            pm.load_state_dict(personal[c])
-            models.append(pm)
+    if models:
         own = per_client_accuracy(models, local_tests, task, cfg.seed)
         m |= {k.replace("client_acc", "personal_acc"): v
               for k, v in client_accuracy_summary(own).items()}
-        for mode, pm in pm_accuracies(models, ds.test.x, ds.test.y, train_counts, task).items():
+        test = [c[0] for c in task.correct_sets(models, [(ds.test.x, ds.test.y)])]
+        for mode in ("V", "L"):
+            pm = pm_accuracy_of(test, ds.test.y, train_counts, mode)
             m[f"pm_{mode.lower()}_mean"] = float(np.nanmean(pm))
             m[f"pm_{mode.lower()}_client_std"] = float(np.nanstd(pm))  # across clients (FedNH Table 2)
-        with torch.inference_mode():  # Global-test: each own model on the whole test set
-            glob_own = [task.evaluate(pm, ds.test.x, ds.test.y)["accuracy"] for pm in models]
-        m["personal_global_mean"] = float(np.mean(glob_own))
+        # Global-test: each own model on the whole test set (task.evaluate's accuracy)
+        m["personal_global_mean"] = float(np.mean([float(c.sum()) / max(len(c), 1) for c in test]))
         if corrupted:
-            m["personal_corrupt_mean"] = float(np.mean(corrupted_accuracy(models, corrupted, task)))
+            m["personal_corrupt_mean"] = float(np.mean(corrupt[len(scored) - len(models):]))
     return m, generic, own
 
 

@@ -6,6 +6,8 @@ call ``task.loss(model, batch, generator)``; a diffusion task fits the same inte
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpipe.device import autocast, compiled
+from fedpipe.models.classifiers import Classifier
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -55,34 +58,90 @@ class ClassificationTask:
     def correct(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                 batch_size: int = 1024) -> torch.Tensor:
         """Boolean vector: is sample i classified correctly."""
-        was_training = model.training
-        model.eval()
         if len(y) == 0:
             return torch.zeros(0, dtype=torch.bool, device=y.device)
-        out = torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
-                         for i in range(0, len(y), batch_size)])
-        model.train(was_training)
+        with evaluating(model):
+            return torch.cat([model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]
+                              for i in range(0, len(y), batch_size)])
+
+    @torch.inference_mode()
+    def correct_sets(self, models: Sequence[nn.Module],
+                     sets: Sequence[tuple[torch.Tensor, torch.Tensor]], batch_size: int = 1024
+                     ) -> list[list[torch.Tensor]]:
+        """:meth:`correct` of every model on every set ``(x, y)``: ``out[model][set]``.
+
+        Models that differ only in their head (:func:`head_only_difference`: FedRep's or FedPer's
+        personal models, with the global model) share the body: each batch's features are computed
+        once, and each model applies its own head to them. That is each model's own forward
+        (``head(features(x))``) on the same batches, so the results are the same bits."""
+        if len(models) < 2 or not head_only_difference(models):
+            return [[self.correct(m, x, y, batch_size) for x, y in sets] for m in models]
+        body = models[0]
+        out: list[list[torch.Tensor]] = [[] for _ in models]
+        with evaluating(*models):
+            for x, y in sets:
+                hits: list[list[torch.Tensor]] = [[] for _ in models]
+                for i in range(0, len(y), batch_size):
+                    features, yb = body.features(x[i:i + batch_size]), y[i:i + batch_size]
+                    for h, m in zip(hits, models, strict=True):
+                        h.append(m.head(features).argmax(1) == yb)
+                for o, h in zip(out, hits, strict=True):
+                    o.append(torch.cat(h) if h else torch.zeros(0, dtype=torch.bool, device=y.device))
         return out
 
     @torch.inference_mode()
     def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                  batch_size: int = 1024) -> dict[str, float]:
-        was_training = model.training
-        model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=x.device)  # summed where x lives
         correct = torch.zeros((), dtype=torch.int64, device=x.device)
-        for i in range(0, len(y), batch_size):
-            logits = model(x[i:i + batch_size])
-            yb = y[i:i + batch_size]
-            loss_sum += F.cross_entropy(logits, yb, reduction="sum").double()
-            correct += (logits.argmax(1) == yb).sum()
-        model.train(was_training)
+        with evaluating(model):
+            for i in range(0, len(y), batch_size):
+                logits = model(x[i:i + batch_size])
+                yb = y[i:i + batch_size]
+                loss_sum += F.cross_entropy(logits, yb, reduction="sum").double()
+                correct += (logits.argmax(1) == yb).sum()
         n = max(len(y), 1)
         return {"loss": float(loss_sum) / n, "accuracy": float(correct) / n, "n": float(len(y))}
 
 
 
-__all__ = ["Batch", "ClassificationTask", "DiffusionTask", "TASKS", "Task"]
+@contextmanager
+def evaluating(*models: nn.Module) -> Iterator[None]:
+    """The models in eval mode for the block, then each back in its root module's mode (as
+    ``model.train(was_training)``). A model none of whose modules is training is left alone:
+    switching walks the module tree twice through ``nn.Module``'s attribute setter, which cost the
+    evaluate stage a tenth of its time when a model was scored on many test sets one by one."""
+    switched = [(m, m.training) for m in models if any(s.training for s in m.modules())]
+    for m, _ in switched:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in switched:
+            m.train(was_training)
+
+
+def head_only_difference(models: Sequence[nn.Module]) -> bool:
+    """Whether the models are :class:`~fedpipe.models.Classifier` s of one class, with the plain
+    ``head(features(x))`` forward, whose weights and buffers are equal outside ``head``: then they
+    compute the same features on any input and differ only in the head applied to them."""
+    first = models[0]
+    if not isinstance(first, Classifier) or type(first).forward is not Classifier.forward:
+        return False
+    ref = {k: v for k, v in first.state_dict().items() if not k.startswith("head.")}
+    for m in models[1:]:
+        if type(m) is not type(first):
+            return False
+        own = {k: v for k, v in m.state_dict().items() if not k.startswith("head.")}
+        if own.keys() != ref.keys() or not all(
+                own[k] is ref[k] or (own[k].shape == ref[k].shape and torch.equal(own[k], ref[k]))
+                for k in ref):
+            return False
+    return True
+
+
+__all__ = ["Batch", "ClassificationTask", "DiffusionTask", "TASKS", "Task", "evaluating",
+           "head_only_difference"]
 
 
 def __getattr__(name: str) -> Any:
