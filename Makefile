@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench params clean-venv smoke ui
+.PHONY: run test test-fast lint bench params clean-venv smoke ui exps
 
 # Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run`, then its claims.
 SMOKE_STUDIES := $(patsubst conf/study/%.yaml,%,$(wildcard conf/study/*_smoke.yaml))
@@ -39,6 +39,10 @@ test-fast: $(STAMP)
 # Options for `mlflow ui`: make ui UI_ARGS="--port 5001"
 ui: $(STAMP)
 	$(BIN)/python -m fedpipe.tracking.ui $(UI_ARGS)
+
+# DVC's experiments in one table within 120 columns: each method's accuracy, the claim count.
+exps: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m fedpipe.exps
 
 lint: $(STAMP)
 	$(BIN)/ruff check src stages tests benchmarks

@@ -164,6 +164,13 @@ def test_exp_show_recipe_whole_at_200_columns_with_mains_metrics(workdir):
     row = next(line for line in lines if line.split()[:1] == [branch])
     accuracies = re.findall(r"\b0\.\d+\b", row)  # fedavg ... feddyn test_accuracy, from git
     assert len(accuracies) == 4 and "!" not in row, proc.stdout
+    # the compact table (`make exps`): within 120 columns, main's four accuracies as DVC reads them
+    exps = sh([str(BIN / "python"), "-m", "fedpipe.exps"], dst, env).stdout.splitlines()
+    assert max(len(line) for line in exps) <= 120, exps
+    assert exps[0].split()[5:9] == ["fedavg", "feddyn", "fedprox", "scaffold"]
+    main_row = next(line.split() for line in exps if line.split()[:1] == [branch])
+    assert [float(a) for a in main_row[5:9]] == pytest.approx(
+        [float(a) for a in accuracies], abs=5e-5)
 
 
 def test_changing_one_algorithm_reruns_only_that_one(workdir):

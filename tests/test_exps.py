@@ -1,0 +1,45 @@
+"""``python -m fedpipe.exps``: DVC's experiment rows as one table within 120 columns (the
+end-to-end run in test_pipeline.py runs it on a real repository)."""
+
+import pytest
+
+from fedpipe.exps import table
+
+ROWS = [
+    {"Experiment": None, "rev": "workspace", "dataset.name": "digits", "partition.scheme": "shards",
+     "fl.rounds": 30, "fedavg.test_accuracy": 0.78889, "fedprox.test_accuracy": 0.8,
+     "fedavg.0.test_accuracy": 0.1, "classification.fedavg.test_accuracy": 0.2,
+     "summary.held": 3.0, "summary.claims": 17.0},
+    {"Experiment": "woozy-rubs", "rev": "abc1234", "dataset.name": "digits",
+     "partition.scheme": "dirichlet", "partition.alpha": 0.05, "fl.rounds": 30,
+     "fedavg.test_accuracy": 0.5, "scaffold.test_accuracy": 0.71234},
+]
+
+
+def test_one_row_per_experiment_and_one_column_per_method():
+    lines = table(ROWS).splitlines()
+    assert lines[0].split() == ["experiment", "dataset", "partition", "alpha", "rounds", "fedavg",
+                                "fedprox", "scaffold", "held"]  # per-replicate keys are not methods
+    assert lines[1].split() == ["workspace", "digits", "shards", "-", "30", "0.7889", "0.8000", "-",
+                                "3/17"]
+    assert lines[2].split() == ["woozy-rubs", "digits", "dirichlet", "0.0500", "30", "0.5000", "-",
+                                "0.7123", "-"]
+
+
+@pytest.mark.parametrize("methods", [4, 10])
+def test_the_default_study_and_a_smokes_ten_methods_fit_120_columns(methods):
+    names = ["fedavg", "fedprox", "scaffold", "feddyn", "feddc", "fedptr", "fedptr_s",
+             "fedptr_s_once", "fedptr_fixed", "fedptr_noproj"]
+    row = {"Experiment": "a-long-experiment-name", "dataset.name": "digits",
+           "partition.scheme": "dirichlet", "partition.alpha": 0.01, "fl.rounds": 100,
+           "summary.held": 12, "summary.claims": 15,
+           **{f"{m}.test_accuracy": 0.9 for m in names[:methods]}}
+    lines = table([row, {**row, "Experiment": "main"}, {**row, "Experiment": "workspace"}]).splitlines()
+    assert max(len(line) for line in lines) <= 120
+    if methods == 4:  # a row per experiment
+        assert [line.split()[0] for line in lines] == ["experiment", "a-long-experiment-name", "main",
+                                                       "workspace"]
+    else:  # too wide so: a column per experiment, a row per method
+        assert lines[0].split() == ["experiment", "a-long-experiment-name", "main", "workspace"]
+        assert [line.split()[0] for line in lines[5:15]] == sorted(names)
+        assert lines[-1].split() == ["held", "12/15", "12/15", "12/15"]
