@@ -165,9 +165,10 @@ def test_exp_show_recipe_whole_at_200_columns_with_mains_metrics(workdir):
     accuracies = re.findall(r"\b0\.\d+\b", row)  # fedavg ... feddyn test_accuracy, from git
     assert len(accuracies) == 4 and "!" not in row, proc.stdout
     # the compact table (`make exps`): within 120 columns, main's four accuracies as DVC reads them
-    exps = sh([str(BIN / "python"), "-m", "fedpipe.exps"], dst, env).stdout.splitlines()
+    exps = sh([str(BIN / "python"), "-m", "fedpipe.exps"], dst,
+              {**env, "COLUMNS": "120"}).stdout.splitlines()  # a 120-column terminal
     assert max(len(line) for line in exps) <= 120, exps
-    assert exps[0].split()[5:9] == ["fedavg", "feddyn", "fedprox", "scaffold"]
+    assert exps[0].split()[5:9] == ["fedavg", "feddyn", "fedprox", "scaffold"], exps
     main_row = next(line.split() for line in exps if line.split()[:1] == [branch])
     assert [float(a) for a in main_row[5:9]] == pytest.approx(
         [float(a) for a in accuracies], abs=5e-5)
