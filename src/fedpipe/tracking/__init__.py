@@ -63,6 +63,11 @@ def repo_root(cwd: str | Path = ".") -> Path:
     return path
 
 
+def experiment_name() -> str:
+    """The MLflow experiment the runs go to: ``FEDPIPE_EXPERIMENT`` if set, else ``fedpipe``."""
+    return os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT)
+
+
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else the project's ``mlflow.db`` (absolute, so that a queued
     experiment's temporary workspace logs there too)."""
@@ -342,7 +347,7 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
     }
     path = _new_spool_file(uri, stage)
     handle = StageRun(active=True, path=path)
-    handle._write("start", uri=uri, experiment=os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT),
+    handle._write("start", uri=uri, experiment=experiment_name(),
                   run_name=f"{stage} · {label}", tags=tags,
                   params={k: str(v)[:6000] for k, v in flatten(params).items()},
                   parent=_parent_record(sha, exp_name, study_params))

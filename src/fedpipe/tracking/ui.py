@@ -19,7 +19,7 @@ import contextlib
 import os
 import sys
 
-from fedpipe.tracking import EXPERIMENT, _db_lock, sqlite_db, tracking_uri
+from fedpipe.tracking import _db_lock, experiment_name, sqlite_db, tracking_uri
 from fedpipe.tracking.locations import relocate, sqlite_path
 
 
@@ -47,7 +47,7 @@ def runs_table_url(uri: str, argv: list[str]) -> str | None:
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
         try:
             row = con.execute("SELECT experiment_id FROM experiments WHERE name = ?",
-                              (os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT),)).fetchone()
+                              (experiment_name(),)).fetchone()
         except sqlite3.Error:
             return None
     if row is None:
@@ -120,7 +120,7 @@ def write_views(uri: str) -> str | None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(os.environ.get("FEDPIPE_EXPERIMENT", EXPERIMENT))
+    exp = client.get_experiment_by_name(experiment_name())
     if exp is None:
         return None
     with _db_lock(uri):
