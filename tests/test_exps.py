@@ -1,6 +1,9 @@
 """``python -m fedpipe.exps``: DVC's experiment rows as one table within 120 columns (the
 end-to-end run in test_pipeline.py runs it on a real repository)."""
 
+import subprocess
+import sys
+
 import pytest
 
 from fedpipe.exps import table
@@ -43,3 +46,11 @@ def test_the_default_study_and_a_smokes_ten_methods_fit_120_columns(methods):
         assert lines[0].split() == ["experiment", "a-long-experiment-name", "main", "workspace"]
         assert [line.split()[0] for line in lines[5:15]] == sorted(names)
         assert lines[-1].split() == ["held", "12/15", "12/15", "12/15"]
+
+
+def test_outside_a_dvc_repository_one_line_and_a_non_zero_exit(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedpipe.exps"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: no DVC experiments to show in {tmp_path}")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 # (header, key in DVC's row) of the leading columns; the methods' accuracies follow
@@ -65,8 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     import shutil
 
     import dvc.api
+    from dvc.exceptions import DvcException
 
-    print(table(dvc.api.exp_show(), max(shutil.get_terminal_size((120, 24)).columns, 80)))
+    try:
+        rows = dvc.api.exp_show()
+    except DvcException as err:  # not a DVC repository (or no git), a broken one
+        sys.exit(f"error: no DVC experiments to show in {Path.cwd()}: {err}; run `make exps` in "
+                 "the fedpipe repository")
+    print(table(rows, max(shutil.get_terminal_size((120, 24)).columns, 80)))
 
 
 if __name__ == "__main__":
