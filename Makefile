@@ -6,8 +6,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test test-fast lint bench params clean-venv smoke ui exps
 
-# Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run`, then its claims.
+# Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run` named after its study, queued
+# and run SMOKE_JOBS at a time (one per core, one torch thread each unless FEDPIPE_THREADS says
+# otherwise: the README's numbers), then each one's claims. SMOKE_STUDIES and SMOKE_ARGS (extra -S
+# overrides for every study) narrow it: make smoke SMOKE_STUDIES=fednh_smoke
 SMOKE_STUDIES := $(patsubst conf/study/%.yaml,%,$(wildcard conf/study/*_smoke.yaml))
+SMOKE_JOBS    ?= 2
+SMOKE_ARGS    ?=
 
 # Create .venv if missing, install the pinned lock, then the package itself (editable, no deps).
 $(STAMP): requirements.lock pyproject.toml
@@ -21,11 +26,16 @@ run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 smoke: $(STAMP)
-	@for s in $(SMOKE_STUDIES); do \
+	@export PATH="$(abspath $(BIN)):$$PATH" FEDPIPE_THREADS="$${FEDPIPE_THREADS:-1}"; \
+	for s in $(SMOKE_STUDIES); do \
+	  dvc exp remove $$s >/dev/null 2>&1; \
+	  dvc exp run --queue --name $$s -S study=$$s $(SMOKE_ARGS) || exit 1; \
+	done; \
+	dvc exp run --run-all --jobs $(SMOKE_JOBS); \
+	rc=0; for s in $(SMOKE_STUDIES); do \
 	  echo "== study=$$s"; \
-	  PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc exp run -S study=$$s || exit 1; \
-	  $(BIN)/python -m fedpipe.claims data/report/claims.json || exit 1; \
-	done
+	  python -m fedpipe.claims --exp $$s || rc=1; \
+	done; exit $$rc
 
 # Two test processes (one per core), a test file per process (module fixtures and order kept).
 test: $(STAMP)

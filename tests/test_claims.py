@@ -766,3 +766,27 @@ def test_report_sections_render_as_before_the_shared_cell():
     assert CLASSIFICATION_DITTO_ROW in text["classification"].splitlines()
     for key, want in RENDERED_BEFORE.items():
         assert hashlib.sha256(text[key].encode()).hexdigest() == want, f"{key}:\n{text[key]}"
+
+
+def test_the_claims_command_prints_a_report_and_refuses_what_it_cannot_read(tmp_path, capsys):
+    """`python -m fedpipe.claims [path | --exp name]`: the summary line and one line per claim, with
+    the verdict and the numbers; a missing file or a bare --exp is one error line and exit 2."""
+    from fedpipe.claims.__main__ import main
+
+    arms = {"m": seeds(0.9, 0.91, 0.92, 0.93), "b": seeds(0.5, 0.52, 0.51, 0.5)}
+    held = judge_all([HIGHER], {"classification": {a: {s: {"test_accuracy": v} for s, v in vals.items()}
+                                                   for a, vals in arms.items()}})
+    path = tmp_path / "claims.json"
+    write_json(path, {"claims": claims_json(held), "fact_records": []})
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}: 1 of 1 claims held, 0 contradicted, 0 not shown (0 facts apart)"
+    # the mean difference (0.4 + 0.39 + 0.41 + 0.43) / 4
+    assert out[2].startswith("  [HELD         ] m acc > b acc  diff +0.4075 ["), out[2]
+    assert out[2].endswith("(b: 0.5, 0.52, 0.51, 0.5; m: 0.9, 0.91, 0.92, 0.93)"), out[2]
+
+    for argv, message in (([str(tmp_path / "none.json")], "run the report stage first"),
+                          (["--exp"], "--exp needs an experiment name")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err

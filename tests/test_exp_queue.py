@@ -97,3 +97,43 @@ def test_readme_grid_command_queues_three_experiments(project):
     status = sh(["dvc", "queue", "status"], dst, env).stdout
     assert status.count("Queued") == 3, status
     sh(["dvc", "queue", "remove", "--queued"], dst, env)
+
+
+def test_make_smoke_runs_the_studies_two_at_a_time_and_prints_each_ones_claims(project):
+    """`make smoke` queues every smoke study as an experiment named after it, runs them two at a time
+    and prints each one's claims from what the experiment committed; run again, it replaces them."""
+    from repo_copy import BIN
+
+    dst, env = project
+    studies = ["equitable_smoke", "fednh_smoke"]
+    # one replicate, one method, one round: the recipe, not the studies (their claims go unjudged)
+    make = ["make", "--no-print-directory", "smoke", "STAMP=", f"BIN={BIN}",
+            f"SMOKE_STUDIES={' '.join(studies)}",
+            "SMOKE_ARGS=-S study.seeds=[0] -S study.algorithms=[fedavg] -S fl.rounds=1"]
+    env = {k: v for k, v in env.items() if k != "FEDPIPE_THREADS"}  # the recipe's default: 1
+    for _ in range(2):  # the second run replaces the first's experiments
+        proc = sh(make, dst, env)
+        out = proc.stdout
+        for s in studies:
+            assert f"== study={s}\n{s}:data/report/claims.json: 0 of " in out, out
+        listed = sh(["dvc", "exp", "list", "--name-only"], dst, env).stdout.split()
+        assert sorted(n for n in listed if n in studies) == studies, listed  # once each, not twice
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{dst / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("fedpipe")
+    runs = client.search_runs([exp.experiment_id], "tags.`dvc.stage` = 'federate@fedavg-0'")
+    threads = {r.data.tags.get("dvc.exp_name"): r.data.tags.get("torch.threads") for r in runs}
+    assert threads.get("equitable_smoke") == "1" and threads.get("fednh_smoke") == "1", threads
+    spans = {}  # each study's stage runs, first start to last end: the two overlap (side by side)
+    for r in client.search_runs([exp.experiment_id], "tags.`dvc.stage` LIKE '%'"):
+        name = r.data.tags.get("dvc.exp_name")
+        if name in studies:
+            lo, hi = spans.get(name, (r.info.start_time, r.info.end_time))
+            spans[name] = (min(lo, r.info.start_time), max(hi, r.info.end_time))
+    (a0, a1), (b0, b1) = spans["equitable_smoke"], spans["fednh_smoke"]
+    assert a0 < b1 and b0 < a1, spans
+
+    bad = sh([str(BIN / "python"), "-m", "fedpipe.claims", "--exp", "no_such_exp"], dst, env, check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "no claims in experiment 'no_such_exp'" in bad.stderr

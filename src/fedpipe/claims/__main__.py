@@ -1,10 +1,13 @@
-"""Print the claims of one or more reports: ``python -m fedpipe.claims [data/report/claims.json ...]``
-(``make smoke`` calls it after each smoke study). Per paper its summary line ("k of n held, m
-contradicted, j not shown"), then one line per claim: verdict, claim, the mean difference with its
-95% t-interval, the Holm-adjusted p-value and each arm's per-replicate values; the facts after."""
+"""Print the claims of one or more reports: ``python -m fedpipe.claims [data/report/claims.json ...]``,
+or of DVC experiments by name: ``python -m fedpipe.claims --exp <name> ...`` (the report's claims.json
+as that experiment committed it; ``make smoke`` names each after its study). Per paper its summary
+line ("k of n held, m contradicted, j not shown"), then one line per claim: verdict, claim, the mean
+difference with its 95% t-interval, the Holm-adjusted p-value and each arm's per-replicate values; the
+facts after."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -33,12 +36,37 @@ def describe_fact(record: dict) -> str:
     return f"  [FACT {record['status'].upper():8s}] {record['claim']}  ({_arms(record)})"
 
 
-def main(paths: list[str]) -> int:
-    for path in paths or ["data/report/claims.json"]:
-        if not Path(path).is_file():
-            print(f"error: no claims at {path} (run the report stage first)", file=sys.stderr)
+CLAIMS = "data/report/claims.json"
+
+
+def _load(source: str, exp: bool) -> dict | None:
+    """The claims document of a file, or of a DVC experiment (kept in git: ``cache: false``)."""
+    if not exp:
+        return read_json(source) if Path(source).is_file() else None
+    import dvc.api
+    from dvc.exceptions import DvcException
+    from dvc.scm import RevError
+
+    try:
+        return json.loads(dvc.api.read(CLAIMS, repo=".", rev=source))
+    except (DvcException, RevError, FileNotFoundError):
+        return None
+
+
+def main(argv: list[str]) -> int:
+    exp = bool(argv) and argv[0] == "--exp"
+    sources = argv[1:] if exp else argv
+    if exp and not sources:
+        print("error: --exp needs an experiment name (dvc exp list)", file=sys.stderr)
+        return 2
+    for source in sources or [CLAIMS]:
+        doc = _load(source, exp)
+        if doc is None:
+            where = f"experiment {source!r} (dvc exp list; did it fail? dvc queue logs {source})" \
+                if exp else f"{source} (run the report stage first)"
+            print(f"error: no claims in {where}", file=sys.stderr)
             return 2
-        doc = read_json(path)
+        path = f"{source}:{CLAIMS}" if exp else source
         claims, facts = doc["claims"], doc.get("fact_records", [])
         s = summary(claims)
         print(f"{path}: {s['held']} of {s['claims']} claims held, {s['contradicted']} contradicted, "
