@@ -161,6 +161,19 @@ def test_per_class_accuracy_absent_class_is_nan_and_labels_checked():
         per_class_accuracy(MODEL_A, TEST_X, TEST_Y, 2, TASK)
 
 
+def test_aux_quality_scores_each_requested_class_as_the_metrics_do():
+    """aux_quality's per-class accuracy of the generated set (with counts): the same numbers by hand."""
+    from fedpipe.pipeline.aux_quality import per_class_accuracy as aux_per_class
+
+    classifier = Lookup([0, 0, 1, 0, 0, 1])
+    classifier.unused = nn.Parameter(torch.zeros(1))  # a classifier has parameters (its device)
+    acc, counts = aux_per_class(classifier, TEST_X[:5], TEST_Y[:5], C)
+    np.testing.assert_allclose(acc, [1, 0.5, 0])
+    assert counts.tolist() == [2, 2, 1]
+    acc, counts = aux_per_class(classifier, TEST_X[:4], TEST_Y[:4], C)
+    assert np.isnan(acc[2]) and counts.tolist() == [2, 2, 0]
+
+
 def test_class_weights_v_and_l_by_hand():
     np.testing.assert_allclose(class_weights(np.array([6, 2, 0]), "V"), [0.5, 0.5, 0])
     np.testing.assert_allclose(class_weights(np.array([6, 2, 0]), "L"), [0.75, 0.25, 0])
