@@ -23,7 +23,8 @@ import torch
 from fedpipe.config.diffusion import check_diffusion_models
 from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, save_figure, write_csv, write_json
-from fedpipe.metrics.personalized import class_accuracy, class_counts
+from fedpipe.metrics.personalized import class_counts
+from fedpipe.metrics.personalized import per_class_accuracy as metrics_per_class_accuracy
 from fedpipe.pipeline.diffusion import AUX_QUALITY_DIR, FID_DIR, DiffusionStageConfig, aux_file
 from fedpipe.pipeline.feature_extractor import check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.generate import check_aux, load_aux
@@ -38,8 +39,9 @@ def per_class_accuracy(classifier: torch.nn.Module, images: torch.Tensor, labels
                        num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """(accuracy per class, count per class) of ``classifier`` on labelled images (NaN if no row)."""
     device = next(classifier.parameters()).device
-    correct = ClassificationTask().correct(classifier, images.to(device), labels.to(device))
-    return class_accuracy(correct, labels, num_classes), class_counts(labels, num_classes)
+    acc = metrics_per_class_accuracy(classifier, images.to(device), labels.to(device), num_classes,
+                                     ClassificationTask())
+    return acc, class_counts(labels, num_classes)
 
 
 UNLABELLED = ("no per-class accuracy: the auxiliary set is unlabelled (diffusion.conditional is false), "
