@@ -43,3 +43,25 @@ def test_strategy_stops_training_and_resume_does_not_continue(tmp_path):
     assert again.resumed_from == 3 and again.rounds_done == 3 and len(again.history) == 3
     for k, v in res.state.weights.items():
         assert torch.equal(again.state.weights[k], v)
+
+
+def test_the_stop_round_is_evaluated_even_between_eval_rounds():
+    """A stop before the first ``eval_every`` round still scores the model it ends with (a FedDDPM+
+    run that stopped at round 4 with ``eval_every`` 5 had no test entry and its stage crashed)."""
+    local = LocalTrainConfig(epochs=1, batch_size=4, lr=0.1)
+    fl = FLConfig(rounds=10, participation=1.0, local=local, eval_every=5, checkpoint_every=100)
+    scored = []
+
+    def evaluate(state, personal=None):
+        scored.append(state.meta.get("stopped_at"))
+        return {"loss": 1.0}
+
+    strategy = StopAtThree(ClassificationTask(), tiny_model, local, num_clients=2)
+    res = run_federated(strategy, tiny_model(), [data(), data(8)], fl, seed=0, evaluate=evaluate,
+                        progress=False)
+    assert res.rounds_done == 3 and scored == [3]
+    assert [("test_loss" in h) for h in res.history] == [False, False, True]
+    interrupted = run_federated(StopAtThree(ClassificationTask(), tiny_model, local, num_clients=2),
+                                tiny_model(), [data(), data(8)], fl, seed=0, evaluate=evaluate,
+                                stop_after=2, progress=False)
+    assert interrupted.rounds_done == 2 and scored == [3]  # an interruption is not scored

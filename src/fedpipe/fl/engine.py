@@ -394,7 +394,9 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         record |= {k: float(v) for k, v in strategy.round_metrics(state, rnd).items()}
         stopped = state.meta.get("stopped_at") is not None  # the strategy ended training
         interrupted = stop_after is not None and r + 1 >= stop_after
-        if evaluate is not None and ((r + 1) % fl.eval_every == 0 or r + 1 == fl.rounds):
+        # the last round trained is always scored: the run's end or the strategy's stop (FedDDPM+
+        # can stop before the first eval_every round), not a simulated interruption
+        if evaluate is not None and ((r + 1) % fl.eval_every == 0 or r + 1 == fl.rounds or stopped):
             if strategy.personalizes:
                 personal, personal_round = personal_models(strategy, state, store, clients, seed,
                                                            r), r + 1
