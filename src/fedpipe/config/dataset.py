@@ -2,11 +2,17 @@
 
 Sizes and class counts are known here without loading anything, so partition params can be checked
 against them before any data is read.
+
+``stand_in: true`` (torchvision datasets only) replaces the images by generated ones of the
+dataset's exact shape, class count and official train/test sizes, so that a paper preset runs
+offline at its real size: cost and plumbing are real, the numbers are not. :func:`is_stand_in`
+tells any reader of params (report, claims, tracking) that a run's numbers measure only that.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +33,12 @@ class DatasetConfig:
     name: str
     public_dataset: str | None = None
     """A torchvision dataset (read from ``data/raw``, never downloaded) whose training images,
-    unlabelled, are the ``public`` server data (PerAda's CIFAR-100 for CIFAR-10); null = none."""
+    unlabelled, are the ``public`` server data (PerAda's CIFAR-100 for CIFAR-10); null = none.
+    With ``stand_in`` the public set is a stand-in too (:func:`public_dataset_config`)."""
+    stand_in: bool = False
+    """Generated images of the dataset's shape, classes and official sizes instead of the real
+    files (torchvision datasets only; nothing is read from disk): numbers then measure cost and
+    plumbing, never accuracy or FID (:data:`STAND_IN_NOTE`)."""
 
     def num_classes(self) -> int:
         raise NotImplementedError
@@ -59,6 +70,7 @@ class DigitsConfig(DatasetConfig):
 
     def validate(self, p: str) -> None:
         one_of(f"{p}.name", self.name, EMBEDDED)
+        _no_stand_in(self, p, "is embedded: its real images are on every machine")
         check(0.05 <= self.test_fraction <= 0.5, f"{p}.test_fraction", self.test_fraction,
               "a number in [0.05, 0.5]")
         check(self.split_seed >= 0, f"{p}.split_seed", self.split_seed, "an integer >= 0")
@@ -88,6 +100,18 @@ TORCHVISION_SIZES = {
     "cifar10": (50000, 10),
     "cifar100": (50000, 100),
 }
+# name -> size of the official test split
+TORCHVISION_TEST_SIZES = {"mnist": 10000, "fashion_mnist": 10000, "cifar10": 10000,
+                          "cifar100": 10000}
+
+STAND_IN_NOTE = "stand-in data: numbers measure cost and plumbing, never accuracy or FID"
+"""The line a report, claim table or tracked run carries when :func:`is_stand_in` is true."""
+
+
+def _no_stand_in(cfg: DatasetConfig, p: str, why: str) -> None:
+    """A dataset without a stand-in refuses ``stand_in: true`` (naming the key)."""
+    check(not cfg.stand_in, f"{p}.stand_in", cfg.stand_in,
+          f"false ({cfg.name} {why}; stand-ins exist for " + ", ".join(TORCHVISION_SIZES) + ")")
 
 
 @dataclass(frozen=True)
@@ -95,6 +119,7 @@ class TorchvisionConfig(DatasetConfig):
     """MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 through torchvision, read from ``root``.
 
     ``download`` is off by default: the pipeline never reaches the internet unless asked to.
+    ``stand_in`` generates the images instead (no file read, so ``download`` must stay off).
     """
 
     name: str = "mnist"
@@ -104,6 +129,12 @@ class TorchvisionConfig(DatasetConfig):
     def validate(self, p: str) -> None:
         one_of(f"{p}.name", self.name, TORCHVISION_SIZES)
         check(bool(self.root), f"{p}.root", self.root, "a folder path")
+        check(not (self.stand_in and self.download), f"{p}.download", self.download,
+              f"false while {p}.stand_in is true (a stand-in reads and fetches nothing)")
+
+    def test_size(self) -> int:
+        """Size of the official test split."""
+        return TORCHVISION_TEST_SIZES[self.name]
 
     def num_classes(self) -> int:
         return TORCHVISION_SIZES[self.name][1]
@@ -133,6 +164,7 @@ class SyntheticConfig(DatasetConfig):
     generator_seed: int = 0
 
     def validate(self, p: str) -> None:
+        _no_stand_in(self, p, "is generated already")
         check(2 <= self.classes <= 1000, f"{p}.classes", self.classes,
               "an integer in [2, 1000]")
         check(self.channels in (1, 3), f"{p}.channels", self.channels, "1 or 3")
@@ -169,6 +201,29 @@ def dataset_config(data: dict[str, Any] | None, prefix: str = "dataset") -> Data
     if cfg.public_dataset is not None:
         one_of(f"{prefix}.public_dataset", cfg.public_dataset, TORCHVISION_SIZES)
     return cfg
+
+
+def public_dataset_config(cfg: DatasetConfig, prefix: str = "dataset") -> TorchvisionConfig:
+    """The config of ``cfg.public_dataset`` (the ``public`` server data): read from ``cfg``'s root
+    (``data/raw`` for a dataset without one), never downloaded, a stand-in when ``cfg`` is one."""
+    if cfg.public_dataset is None:
+        raise ConfigError(f"{prefix}.public_dataset", None,
+                          "a torchvision dataset name (the public server data)")
+    one_of(f"{prefix}.public_dataset", cfg.public_dataset, TORCHVISION_SIZES)
+    return TorchvisionConfig(name=cfg.public_dataset, root=getattr(cfg, "root", "data/raw"),
+                             stand_in=cfg.stand_in)
+
+
+def is_stand_in(params_or_cfg: Mapping[str, Any] | DatasetConfig) -> bool:
+    """Whether a run's data is a stand-in (its numbers then measure cost and plumbing only:
+    :data:`STAND_IN_NOTE`). Takes the whole params (with a ``dataset`` section), the ``dataset``
+    section alone, or a built :class:`DatasetConfig`; a mapping is validated (ConfigError)."""
+    if isinstance(params_or_cfg, DatasetConfig):
+        return params_or_cfg.stand_in
+    if not isinstance(params_or_cfg, Mapping):
+        raise TypeError(f"params, a dataset section or a DatasetConfig, not {params_or_cfg!r}")
+    section = params_or_cfg if "name" in params_or_cfg else params_or_cfg.get("dataset")
+    return dataset_config(section).stand_in
 
 
 def check_server_data_source(kinds: dict[str, list[str]], dataset: Any) -> None:

@@ -2,7 +2,8 @@
 (N, C, H, W), labels int64. Normalisation constants travel in the metadata; models apply them.
 
 Official train/test splits are kept apart; ``digits`` (no official split) gets one fixed, seeded,
-stratified split.
+stratified split. A torchvision dataset with ``stand_in: true`` is generated instead of read
+(:func:`load_stand_in`): its shapes, classes and sizes, none of its images.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -21,7 +23,8 @@ import numpy as np
 import torch
 
 from fedpipe.config import DatasetConfig, DigitsConfig, SyntheticConfig, TorchvisionConfig
-from fedpipe.rng import numpy_rng
+from fedpipe.config.dataset import STAND_IN_NOTE
+from fedpipe.rng import numpy_rng, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,8 @@ class DatasetMeta:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     class_names: tuple[str, ...] = field(default=())
+    stand_in: bool = False
+    """Generated stand-in images (:func:`load_stand_in`): numbers measure cost and plumbing only."""
 
 
 @dataclass(frozen=True)
@@ -195,15 +200,29 @@ def _tv_to_split(ds) -> Split:
     x = torch.from_numpy(data.astype(np.float32) / 255.0)
     x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
     y = torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64)
+    if x.ndim != 4 or len(x) != len(y):
+        raise ValueError(f"{tuple(x.shape)} images but {len(y)} labels")
     return Split(x, y)
 
 
-def load_torchvision(cfg: TorchvisionConfig) -> Dataset:
-    """MNIST / Fashion-MNIST / CIFAR-10 / CIFAR-100 via torchvision from ``cfg.root``.
+# What torchvision's readers raise on a damaged file (torchvision 0.29, tests/test_stand_in.py): an
+# empty or cut IDX header fails to parse (ValueError), cut pixels fail to reshape (RuntimeError), a
+# wrong type code fails an assertion or a lookup (KeyError); a damaged CIFAR batch fails to unpickle.
+# A missing file, or a CIFAR file failing its MD5, is torchvision's RuntimeError.
+_DAMAGED = (RuntimeError, AssertionError, ValueError, KeyError, IndexError, EOFError,
+            pickle.UnpicklingError)
 
+
+def load_torchvision(cfg: TorchvisionConfig) -> Dataset:
+    """MNIST / Fashion-MNIST / CIFAR-10 / CIFAR-100 via torchvision from ``cfg.root``, or their
+    stand-in when ``cfg.stand_in`` (:func:`load_stand_in`, nothing read).
+
+    A missing, truncated or otherwise unreadable file is one :class:`DatasetNotFoundError` line.
     Note: torchvision's CIFAR reader unpickles the batch files; only use files you obtained from
     the official source.
     """
+    if cfg.stand_in:
+        return load_stand_in(cfg)
     import torchvision.datasets as tvd
 
     cls_name, folder, source = _TV[cfg.name]
@@ -212,16 +231,85 @@ def load_torchvision(cfg: TorchvisionConfig) -> Dataset:
     try:
         train_ds = cls(root=str(root), train=True, download=cfg.download)
         test_ds = cls(root=str(root), train=False, download=cfg.download)
-    except RuntimeError as e:
+        train, test = _tv_to_split(train_ds), _tv_to_split(test_ds)
+    except _DAMAGED as e:
+        why = " ".join(f"{type(e).__name__}: {e}".split())  # one line, whatever torchvision says
         raise DatasetNotFoundError(
             f"dataset {cfg.name} not found or corrupted in {root / folder}: get it from {source} "
-            f"and put it there, or set dataset.download=true on a machine with internet ({e})"
+            f"and put it there, or set dataset.download=true on a machine with internet ({why})"
         ) from None
-    train, test = _tv_to_split(train_ds), _tv_to_split(test_ds)
     mean, std = _channel_stats(train.x)
     classes = tuple(getattr(train_ds, "classes", ()) or ())
     n_classes = len(classes) if classes else int(train.y.max()) + 1
     meta = DatasetMeta(cfg.name, n_classes, tuple(train.x.shape[1:]), mean, std, classes)
+    return Dataset(train, test, meta)
+
+
+STAND_IN_SEED = 0
+"""Seed of every stand-in's streams: like a real dataset, a stand-in is the same in every
+replicate and every run (replicates differ in partition and training, not in data)."""
+STAND_IN_NOISE = 0.3  # std of the Gaussian pixel noise around a class prototype
+STAND_IN_PROTO_SIZE = 4  # prototypes are random 4x4 patterns per channel, upsampled bilinearly
+# Images drawn at a time: fixed (the draws depend on it) and small, so that the chunk's temporaries
+# (6 MB for CIFAR) add little to the peak (measured: 2,048-image chunks added up to 170 MB at times)
+_STAND_IN_CHUNK = 512
+
+
+def _stand_in_prototypes(name: str, classes: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    """One smooth random image per class (K, C, H, W) in [0, 1]: uniform low-resolution patterns,
+    bilinearly upsampled (a convex combination, so still in [0, 1])."""
+    c, h, w = shape
+    low = numpy_rng(STAND_IN_SEED, f"stand-in:{name}", 0).uniform(
+        0.0, 1.0, size=(classes, c, STAND_IN_PROTO_SIZE, STAND_IN_PROTO_SIZE)).astype(np.float32)
+    return torch.nn.functional.interpolate(torch.from_numpy(low), size=(h, w), mode="bilinear",
+                                           align_corners=False)
+
+
+def _stand_in_split(name: str, protos: torch.Tensor, size: int, split: int
+                    ) -> tuple[Split, torch.Tensor, torch.Tensor]:
+    """``size`` images, classes balanced and shuffled: prototype + N(0, noise) clipped to [0, 1],
+    drawn a chunk at a time into the one float32 tensor (peak memory = the split + one chunk).
+    Also returns per-channel sums and sums of squares (float64) for the normalisation stats."""
+    classes = protos.shape[0]
+    labels = numpy_rng(STAND_IN_SEED, f"stand-in:{name}", 1, split).permutation(
+        np.arange(size) % classes)
+    y = torch.from_numpy(labels.astype(np.int64))
+    x = torch.empty((size, *protos.shape[1:]), dtype=torch.float32)
+    gen = torch_generator(STAND_IN_SEED, f"stand-in:{name}", 2, split)
+    total = torch.zeros(protos.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for start in range(0, size, _STAND_IN_CHUNK):
+        chunk = x[start:start + _STAND_IN_CHUNK]
+        chunk.normal_(0.0, STAND_IN_NOISE, generator=gen)
+        chunk.add_(protos[y[start:start + _STAND_IN_CHUNK]]).clamp_(0.0, 1.0)
+        # float32 sums within a chunk (torch's cascade summation), float64 across chunks: 5x
+        # faster than float64 sums, and exact far past the 4 decimals the metadata keeps
+        total += chunk.sum(dim=(0, 2, 3)).double()
+        squares += chunk.square().sum(dim=(0, 2, 3)).double()
+    return Split(x, y), total, squares
+
+
+def load_stand_in(cfg: TorchvisionConfig) -> Dataset:
+    """A stand-in for a torchvision dataset: generated images of its exact (C, H, W), class count
+    and official train / test sizes, read from nowhere (``root`` is not looked at).
+
+    Each class has a smooth random prototype; an image is its prototype plus Gaussian noise,
+    clipped to [0, 1], so classes are learnable (accuracy above chance checks the plumbing) while
+    nothing about the real dataset's accuracy or FID can be read from it. Deterministic: the
+    streams are ``(STAND_IN_SEED, "stand-in:<name>", ...)`` of :mod:`fedpipe.rng`."""
+    shape = cfg.in_shape()
+    classes = cfg.num_classes()
+    protos = _stand_in_prototypes(cfg.name, classes, shape)
+    train, total, squares = _stand_in_split(cfg.name, protos, cfg.train_size(), 0)
+    test, _, _ = _stand_in_split(cfg.name, protos, cfg.test_size(), 1)
+    n = len(train) * shape[1] * shape[2]
+    var = ((squares - total * total / n) / (n - 1)).clamp_min(1e-12)
+    mean = tuple(round(float(m), 4) for m in total / n)
+    std = tuple(round(max(float(v) ** 0.5, 1e-6), 4) for v in var)
+    meta = DatasetMeta(cfg.name, classes, shape, mean, std, tuple(str(i) for i in range(classes)),
+                       stand_in=True)
+    log.warning("dataset %s is a stand-in (generated, %d train / %d test): %s", cfg.name,
+                len(train), len(test), STAND_IN_NOTE)
     return Dataset(train, test, meta)
 
 
@@ -236,6 +324,7 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
 def load_dataset(cfg: DatasetConfig) -> Dataset:
     """Load the dataset ``cfg`` names (train and test tensors plus metadata)."""
     ds = LOADERS[cfg.name](cfg)
-    log.info("loaded %s: %d train, %d test, shape %s, %d classes", cfg.name, len(ds.train),
-             len(ds.test), ds.meta.shape, ds.meta.num_classes)
+    log.info("loaded %s%s: %d train, %d test, shape %s, %d classes", cfg.name,
+             " (stand-in)" if ds.meta.stand_in else "", len(ds.train), len(ds.test),
+             ds.meta.shape, ds.meta.num_classes)
     return ds
