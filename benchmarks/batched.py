@@ -21,6 +21,9 @@ that the final-weights check compares float32 with float32.
 
 The diffusion track's arm (FedAvg on the DDPM loss, ``digits_small`` UNet, Adam, 10 clients) runs
 first and prints its own ratio; the last line is the classifier's.
+
+``--quick``: 4 clients, 2 rounds, 1 local step, 1 repeat, 2 diffusion clients, on the CPU: it checks
+that the benchmark runs and that the two executors agree; its ratios mean nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from _digits import digits_clients, seeded_model_fn
 from torch import nn
 
-from fedpipe.algorithms import FedAvg
+from fedpipe.algorithms.fedavg import FedAvg
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
 from fedpipe.fl import run_federated
 from fedpipe.fl.batched import ATOL, RTOL
@@ -121,7 +124,15 @@ def main() -> None:
                     help="the diffusion track's arm (digits_small UNet, Adam); 0 = skip it")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="where models and data live (cuda: wall time, synchronised, is compared)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a tiny run on the CPU (4 clients, 2 rounds, 1 step, 1 repeat)")
     args = ap.parse_args()
+    if args.quick:
+        args.clients, args.rounds, args.steps, args.repeats = 4, 2, 1, 1
+        args.diffusion_clients = min(args.diffusion_clients, 2)
+        if args.device == "cuda":
+            print("[quick] on the CPU: --device cuda is for a full run")
+        args.device = "cpu"
     global DEVICE, UNIT
     DEVICE, UNIT = torch.device(args.device), "wall" if args.device == "cuda" else "CPU"
     torch.set_num_threads(1)

@@ -6,6 +6,9 @@ hits both), then a verdict against the target, ratio <= 1.10 (last line: ``verdi
 ``verdict: missed``).
 
     python benchmarks/engine_overhead.py [--rounds 10] [--repeats 3] [--model mlp]
+
+``--quick``: 4 clients, 2 rounds of 1 epoch, 1 repeat: it checks that the benchmark runs; its
+verdict means nothing at that size.
 """
 
 from __future__ import annotations
@@ -75,7 +78,10 @@ def main() -> None:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--quick", action="store_true", help="4 clients, 2 rounds of 1 epoch, 1 repeat")
     args = ap.parse_args()
+    if args.quick:
+        args.clients, args.rounds, args.epochs, args.repeats = 4, 2, 1, 1
     torch.set_num_threads(1)
     clients, model_fn = setup(args.model, args.clients)
     local = LocalTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=0.05)

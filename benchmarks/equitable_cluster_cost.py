@@ -7,7 +7,9 @@ clustering (S = A A^T, eigh, K-Means with n_init = 10) and equitable average. Pr
 ratio clustering / training. A paper-scale row times the clustering alone on r = 4 (18) vectors of
 width 512 (FEMNIST: r = 18, C = 5), which does not depend on the model.
 
-    python benchmarks/equitable_cluster_cost.py [--rounds 20]
+    python benchmarks/equitable_cluster_cost.py [--rounds 20] [--repeats 10]
+
+``--quick``: 2 rounds, 2 repeats of the paper-scale rows: it checks that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -31,9 +33,13 @@ from fedpipe.tasks import ClassificationTask
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=10, help="timings of each clustering-alone row")
+    ap.add_argument("--quick", action="store_true", help="2 rounds, 2 repeats")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.repeats = 2, 2
     ds = load_dataset(dataset_config({"name": "digits"}))
     pcfg = partition_config({"scheme": "label_blocks", "num_clients": 10, "groups": [3, 7],
                              "blocks": [3, 7]})
@@ -75,7 +81,7 @@ def main() -> None:
     for r_, d, c in ((4, 512, 3), (18, 512, 5)):
         a = -np.abs(np.random.default_rng(0).normal(size=(r_, d))) - 5
         ts = []
-        for i in range(10):
+        for i in range(args.repeats):
             t = time.perf_counter()
             labels = spectral_clusters(a, c, np.random.default_rng(i))
             equitable_weights(labels, c)

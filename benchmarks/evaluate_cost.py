@@ -12,6 +12,10 @@ must be equal (the script stops otherwise).
 Prints, per algorithm, the reference's and the stage's CPU seconds (median over repeats) and their
 ratio, then the totals.
 
+``--quick``: in a temporary directory, a tiny study trained first through the stages' functions
+(digits, 4 IID clients, FedAvg and FedRep for one round, one corruption at severity 1), then scored
+once: it checks that the benchmark runs and that the stage still matches the reference.
+
 Measured on the shared 2-core CPU (load 3-6, niced, one thread, --repeats 3; perada_smoke replicate
 0: 8 arms, 10 clients, 18 corrupted sets): perada 2.89 -> 2.63 s (x1.10), perada_nokd x1.08, fedrep
 1.47 -> 0.22 s (x6.67: its personal models share the global body), fedavg_ft x1.08, ditto x1.15,
@@ -23,6 +27,7 @@ other waits for a core), so compare at one thread there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -38,6 +43,7 @@ from test_eval_passes import reference_evaluate_run  # noqa: E402
 from fedpipe.config import load_params  # noqa: E402
 from fedpipe.data import load_dataset  # noqa: E402
 from fedpipe.data.corruptions import corrupted_test_sets  # noqa: E402
+from fedpipe.errors import InputError  # noqa: E402
 from fedpipe.metrics import train_class_counts  # noqa: E402
 from fedpipe.pipeline.common import clients_of, load_partition, train_config  # noqa: E402
 from fedpipe.pipeline.evaluate import evaluate_run  # noqa: E402
@@ -57,9 +63,44 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the replicate whose runs are scored")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a tiny study trained in a temporary directory, scored once")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.quick:
+        args.seed, args.repeats = 0, 1
+    with quick_study() if args.quick else contextlib.nullcontext():
+        try:
+            measure(args)
+        except InputError as e:  # a stage output missing: its message names the stage to run
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+QUICK_STUDY = {"study": {"algorithms": ["fedavg", "fedrep"], "seeds": [0],
+                         "corruptions": ["gaussian_noise"], "severities": [1]},
+               "model": {"name": "mlp", "kwargs": {"hidden": 32}}}
+
+
+@contextlib.contextmanager
+def quick_study():
+    """A temporary working directory holding the runs of :data:`QUICK_STUDY`, replicate 0."""
+    from _quick import note, tiny_workdir, write_partition
+
+    from fedpipe.pipeline.federate import federate
+
+    with tiny_workdir(QUICK_STUDY) as params:
+        write_partition(params, 0)
+        for algorithm in params["study"]["algorithms"]:
+            federate(train_config(params, algorithm, 0), progress=False)
+        note("a tiny study trained in a temporary directory: digits, 4 IID clients, "
+             + " and ".join(params["study"]["algorithms"]) + " for 1 round, gaussian_noise at "
+             "severity 1")
+        yield
+
+
+def measure(args) -> None:
     params = load_params()
     study = params["study"]
     ds = load_dataset(train_config(params, study["algorithms"][0], args.seed).dataset)

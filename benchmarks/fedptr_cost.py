@@ -30,6 +30,10 @@ Measured on the shared 2-core CPU, heavily loaded, niced, one thread (--rounds 2
 round; whole run against FedAvg's: F = 1 (19 MTT updates) x3.73, F = 10 (2 updates) x1.14, one-shot
 x1.12. Paper MTT shape on digits: one MTT update = 47 FedAvg rounds of the width-128 model (a digits
 round is an epoch over 1,347 8x8 images: not the CIFAR ratio).
+
+``--quick``: 2 rounds, 1 repeat, MTT with H = 1 outer iteration of R = 2 student steps (the paper
+shape's row, if asked for, with H = 1), no warm-up: it checks that the benchmark runs; its ratios
+mean nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from fedpipe.models import build_model
 from fedpipe.tasks import ClassificationTask
 
 SMOKE = {"ipc": 2, "mtt_iterations": 5, "proj_lr": 0.05}  # conf/study/fedptr_smoke.yaml
+PAPER = {"ipc": 10, "mtt_iterations": 20, "proj_lr": 0.05}  # the paper's MTT shape (--paper-shape)
 LOCAL = LocalTrainConfig(epochs=1, batch_size=32, lr=0.05, momentum=0.5)
 
 
@@ -108,11 +113,16 @@ def run(name: str, ds, clients, width: int, cfg: dict | None, rounds: int) -> fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--paper-shape", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="2 rounds, 1 repeat, MTT H = 1, R = 2")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.repeats = 2, 1
+        SMOKE.update(mtt_iterations=1, syn_steps=2)
+        PAPER.update(mtt_iterations=1)
     torch.set_num_threads(1)
     ds, clients = setup()
     with Clock() as clock:
@@ -128,6 +138,9 @@ def measure(args, ds, clients, clock: Clock) -> None:
     mtt: list[float] = []
     proj: list[float] = []
     updates: dict[str, int] = {}
+    if not args.quick:  # warm-up, untimed: lazy imports and first calls
+        run("fedavg", ds, clients, 32, None, 1)
+        run("fedptr_s", ds, clients, 32, {**SMOKE, "mtt_every": 1}, 2)  # round 2 > m: one MTT update
     for rep in range(args.repeats):
         avg.append(run("fedavg", ds, clients, 32, None, args.rounds))
         for key, (name, cfg) in arms.items():
@@ -140,7 +153,8 @@ def measure(args, ds, clients, clock: Clock) -> None:
         a = statistics.median(avg)
         r, m1, p1 = a / args.rounds, statistics.median(mtt), statistics.median(proj)
         print(f"smoke setting, {args.rounds} rounds, median of {rep + 1} repeat(s) (CPU s, one "
-              f"thread):\n  FedAvg round {r:.3f} s; one MTT update (H = 5, R = 10, 20 images) "
+              f"thread):\n  FedAvg round {r:.3f} s; one MTT update (H = {SMOKE['mtt_iterations']}, "
+              f"R = {SMOKE.get('syn_steps', 10)}, {10 * SMOKE['ipc']} images) "
               f"{m1:.3f} s = {m1 / r:.2f} FedAvg rounds; projection (K = 5) {p1:.4f} s/round = "
               f"{p1 / r:.3f} FedAvg rounds", flush=True)
         for key in arms:
@@ -150,9 +164,10 @@ def measure(args, ds, clients, clock: Clock) -> None:
     if args.paper_shape:  # two rounds each: the MTT update of round t = 2 > m alone counts
         pa = run("fedavg", ds, clients, 128, None, 2) / 2
         clock.reset()
-        run("fedptr_s", ds, clients, 128, {"ipc": 10, "mtt_iterations": 20, "proj_lr": 0.05}, 2)
+        run("fedptr_s", ds, clients, 128, PAPER, 2)
         p = clock.seconds["mtt"] / clock.calls["mtt"]
-        print(f"  paper MTT shape (width 128, ipc 10, H = 20, R = 10), one run: FedAvg round "
+        print(f"  paper MTT shape (width 128, ipc 10, H = {PAPER['mtt_iterations']}, R = 10), one run: "
+              f"FedAvg round "
               f"(width 128) {pa:.3f} s; one MTT update {p:.2f} s = {p / pa:.1f} FedAvg rounds")
 
 

@@ -38,11 +38,17 @@ DDPM at 500 samples (323 s): difference -15.7, its std 4.7 (each FID's own std 3
 (``fid.sampler: ddim``, 50 steps; ``--params`` a copy of params.yaml with that set, 106 s for 500,
 1000 and 2000 samples): difference -4.3 / -3.6 / -3.8 with std 0.82 / 1.25 / 0.57 (each FID's own
 std 0.9-1.8). ``fedddpm_smoke`` judges FedDDPM's claims on DDIM FIDs of 2000 samples.
+
+``--quick``: in a temporary directory (every path option relative to it), the FID extractor trained
+for one epoch through the feature_extractor stage's function, and two untrained UNets (T = 10) saved
+as the model and ``--against``; then 2 sampling seeds of 4 and 8 DDIM samples (2 steps), on the CPU:
+it checks that the benchmark runs, its numbers mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -72,7 +78,40 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of the fid-noise generators")
     ap.add_argument("--out", type=Path, default=Path("data/benchmarks/fid_noise.json"))
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny inputs built in a temporary directory; 2 seeds of 4 and 8 samples")
     args = ap.parse_args()
+    if args.quick:
+        args.samples, args.k = "4,8", 2
+        args.against = args.model.parent.parent.parent / "fedddpm" / "seed_0" / args.model.name
+    with quick_inputs(args) if args.quick else contextlib.nullcontext():
+        measure(args)
+
+
+@contextlib.contextmanager
+def quick_inputs(args):
+    """A temporary working directory with the FID extractor (1 epoch) and two untrained UNets at
+    ``args.model`` and ``args.against``."""
+    from _quick import note, tiny_workdir
+
+    from fedpipe.io import save_tensors
+    from fedpipe.pipeline.diffusion import diffusion_stage_config
+    from fedpipe.pipeline.feature_extractor import feature_extractor
+
+    with tiny_workdir({"device": "cpu"}) as params:
+        feature_extractor(diffusion_stage_config(params, "feature_extractor"), args.fid_dir,
+                          progress=False)
+        cfg = ddpm_train_config(params, "fedavg", 0)
+        meta = load_dataset(cfg.dataset).meta
+        for i, path in enumerate((args.model, args.against)):
+            model = make_unet(cfg.diffusion, meta, cfg.seed, "bench-fid-noise", i)
+            save_tensors(path, dict(sorted(model.state_dict().items())))
+        note("inputs built in a temporary directory: a 1-epoch FID classifier, two untrained "
+             "UNets (T = 10); CPU")
+        yield
+
+
+def measure(args) -> None:
     counts = sorted({int(s) for s in args.samples.split(",") if s.strip()})
     if args.k < 2 or not counts or counts[0] < 2:
         raise SystemExit("error: --k must be >= 2 and every sample count >= 2")

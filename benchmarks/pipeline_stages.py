@@ -12,6 +12,11 @@ when available). Tracking is off (``FEDPIPE_TRACKING=off``) unless ``--tracking`
     python benchmarks/pipeline_stages.py --order data/bench/stages.txt --out times.json
 
 Prints one line per stage (seconds) and the total; ``--out`` writes them as JSON with the device.
+
+``--quick`` (where DVC is installed): writes the order of this repository's dvc.yaml into a temporary
+directory, checks that every stage's ``cmd`` is one the runner can run (``python <script>``, the
+script present), then runs two no-op stages (``python -c pass``) through the runner there; it
+checks that the benchmark runs, not the study.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ import time
 from pathlib import Path
 
 
-def write_order(path: Path) -> None:
+def write_order(path: Path, root: Path = Path(".")) -> None:
     import networkx as nx
     from dvc.repo import Repo
 
-    graph = Repo(".").index.graph
+    graph = Repo(str(root)).index.graph
     lines = [f"{s.addressing}|{s.cmd}" for s in reversed(list(nx.topological_sort(graph)))]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -68,6 +73,36 @@ def run(order: Path, out: Path | None, tracking: bool, stop: str | None) -> int:
     return rc
 
 
+def quick() -> int:
+    """Write the order of this repository's stages, check each command, run two no-op stages."""
+    import tempfile
+
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="fedpipe-bench-") as tmp:
+        order = Path(tmp) / "stages.txt"
+        write_order(order, repo)
+        bad = []
+        for line in order.read_text().splitlines():
+            stage, cmd = line.split("|", 1)
+            argv = cmd.split()
+            if len(argv) != 2 or argv[0] != "python" or not (repo / argv[1]).is_file():
+                bad.append(f"{stage}: {cmd}")
+        if bad:
+            print("error: the runner runs `python <script>` commands only; not these:\n  "
+                  + "\n  ".join(bad), file=sys.stderr)
+            return 1
+        print("[quick] every stage's cmd is `python <script>`, the script present; two no-op "
+              "stages run through the runner", flush=True)
+        noop = Path(tmp) / "noop.txt"
+        noop.write_text("noop_a|python -c pass\nnoop_b|python -c pass\n")
+        cwd = Path.cwd()
+        os.chdir(tmp)
+        try:
+            return run(noop, Path(tmp) / "times.json", False, None)
+        finally:
+            os.chdir(cwd)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write-order", type=Path, help="write DVC's stage order here and stop")
@@ -75,7 +110,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tracking", action="store_true", help="log to MLflow as the stages do")
     ap.add_argument("--stop-after", help="the last stage to run")
+    ap.add_argument("--quick", action="store_true",
+                    help="this repository's stage order checked, two no-op stages run")
     args = ap.parse_args()
+    if args.quick:
+        return quick()
     if args.write_order:
         write_order(args.write_order)
         return 0

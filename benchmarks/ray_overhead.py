@@ -15,6 +15,10 @@ is about ceil(K / C) * (c + o); the script prints that estimate for more CPUs.
 
 The last line is ``speedup X``: serial time / Ray time per round at the largest CPU count (below 1
 when Ray is slower).
+
+``--quick``: the serial arm only (2 clients, 2 rounds of 1 epoch, 1 repeat), Ray imported but not
+started (``ray.init`` and its workers' start-up take 10-20 s on a small machine; tests/test_ray_executor.py
+runs the Ray executor): it checks that the benchmark's set-up and serial path run.
 """
 
 from __future__ import annotations
@@ -44,7 +48,11 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--cpus", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--quick", action="store_true",
+                    help="the serial arm only, 2 clients, 2 rounds of 1 epoch, 1 repeat; Ray not started")
     args = ap.parse_args()
+    if args.quick:
+        args.clients, args.rounds, args.epochs, args.repeats, args.cpus = 2, 2, 1, 1, [1]
 
     import ray
 
@@ -57,6 +65,11 @@ def main() -> None:
     k = len(clients)
     print(f"FedAvg, digits, {k} clients per round, MLP hidden {args.hidden}, {args.epochs} local "
           f"epochs, {args.rounds} rounds; torch threads 1; machine: {os.cpu_count()} CPUs")
+    if args.quick:
+        s, _, _ = timed_fedavg("serial", clients, model_fn, local, args.rounds)
+        print(f"[quick] Ray {ray.__version__} not started (its start-up alone takes 10-20 s; run "
+              f"without --quick for the Ray arm): serial {s:.3f} s/round")
+        return
     results = {}
     for cpus in args.cpus:
         os.environ["FEDPIPE_WORKERS"] = str(cpus)

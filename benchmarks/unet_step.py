@@ -22,6 +22,10 @@ paper's. Last line: ``speedup X`` = task time / lean time (how much slower the t
 hand-written step; 1.0 = no overhead left).
 
     python benchmarks/unet_step.py [--batch 128] [--steps 20] [--device auto|cpu|cuda] [--compile]
+
+``--quick``: on the CPU whatever the device (the CUDA-only arms, ``compiled`` and ``task_comp``, are
+skipped), the small ``digits_small`` UNet on 1x8x8 images instead of ``mnist_paper``, batch 2, one
+timed step per arm, no warm-up: it checks that every CPU arm runs; its ratios mean nothing.
 """
 
 from __future__ import annotations
@@ -51,10 +55,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+UNET, SHAPE = "mnist_paper", (1, 28, 28)  # --quick: digits_small on 1x8x8
+
+
 def make_model(device: torch.device) -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return build_unet("mnist_paper", (1, 28, 28)).to(device)
+        return build_unet(UNET, SHAPE).to(device)
 
 
 def before_arm(device: torch.device, data: ClientData, batch: int, task: DiffusionTask):
@@ -144,7 +151,16 @@ def main() -> None:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--compile", action="store_true", help="the compiled arm on the CPU too")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    ap.add_argument("--quick", action="store_true",
+                    help="CPU, digits_small UNet on 1x8x8, batch 2, 1 step, no warm-up")
     args = ap.parse_args()
+    if args.quick:
+        global UNET, SHAPE
+        UNET, SHAPE = "digits_small", (1, 8, 8)
+        args.batch, args.steps, args.repeats, args.warmup, args.compile = 2, 1, 1, 0, False
+        print(f"[quick] on the CPU (--device {args.device} asked; the CUDA-only arms compiled and "
+              "task_comp skipped), digits_small UNet on 1x8x8, batch 2, 1 step")
+        args.device = "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device, "--device")
@@ -153,7 +169,7 @@ def main() -> None:
     args.warmup = args.warmup if args.warmup is not None else (5 if on_cuda else 1)
     task = DiffusionTask(num_train_timesteps=T)
     gen = torch.Generator().manual_seed(0)
-    data = ClientData(torch.rand(512, 1, 28, 28, generator=gen), torch.zeros(512, dtype=torch.long))
+    data = ClientData(torch.rand(512, *SHAPE, generator=gen), torch.zeros(512, dtype=torch.long))
     arms = {"before": before_arm(device, data, args.batch, task),
             "task": task_arm(device, data, args.batch, task),
             "lean": lean_arm(device, data, args.batch, task)}
@@ -163,7 +179,7 @@ def main() -> None:
                                      DiffusionTask(num_train_timesteps=T, compile=True))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU, {torch.get_num_threads()} torch threads"
-    print(f"mnist_paper UNet train step, batch {args.batch}, on {name}")
+    print(f"{UNET} UNet train step, batch {args.batch}, on {name}")
     for arm, step in arms.items():  # warm-up (and compile) outside the clock
         t0 = time.perf_counter()
         for _ in range(args.warmup):

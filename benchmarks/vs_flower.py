@@ -23,11 +23,16 @@ environment of its own and run this script with that interpreter, the project's 
     python benchmarks/vs_flower.py [--clients 10] [--rounds 20] [--cpus 2]
 
 The last line is ``speedup X``: Flower's seconds per round / fedpipe's.
+
+``--quick``: fedpipe's serial arm only (2 clients, 2 rounds, MLP hidden 16); Flower's simulation and
+the Ray arm are skipped (both start a Ray instance: 10-20 s on a small machine), and Flower is not
+needed: it checks that the benchmark's set-up and fedpipe's arm run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import time
@@ -129,7 +134,14 @@ def main() -> None:
     ap.add_argument("--cpus", type=int, default=2, help="CPUs of Flower's Ray instance")
     ap.add_argument("--no-ray-arm", dest="ray_arm", action="store_false",
                     help="skip the third arm, fedpipe with its Ray executor")
+    ap.add_argument("--quick", action="store_true",
+                    help="fedpipe's serial arm only, 2 clients, 2 rounds; Flower and Ray skipped")
     args = ap.parse_args()
+    if args.quick:
+        args.clients, args.rounds, args.hidden = 2, 2, 16
+    elif importlib.util.find_spec("flwr") is None:
+        raise SystemExit("error: Flower is not installed (a benchmark extra: pip install -e .[bench], "
+                         "best into a virtual environment of its own; see this script's docstring)")
 
     torch.set_num_threads(1)
     ds, clients, model_fn = setup(args.clients, args.hidden, args.alpha)
@@ -137,6 +149,12 @@ def main() -> None:
     print(f"FedAvg, digits, dirichlet alpha {args.alpha}, {args.clients} clients (all every round), "
           f"MLP hidden {args.hidden}, SGD lr 0.05 batch 32, {args.epochs} local epoch(s), "
           f"{args.rounds} rounds; torch threads 1; machine: {os.cpu_count()} CPUs")
+    if args.quick:
+        fp_round, _, fp_acc = run_fedpipe(ds, clients, model_fn, local, args.rounds)
+        print(f"[quick] Flower's simulation and the Ray arm skipped (each starts a Ray instance; "
+              f"Flower {'installed' if importlib.util.find_spec('flwr') else 'not installed'})")
+        print(f"fedpipe (serial executor): {fp_round:.4f} s/round, final accuracy {fp_acc:.4f}")
+        return
     before, _, fp_acc = run_fedpipe(ds, clients, model_fn, local, args.rounds)
     fl_round, fl_first, fl_acc, version = run_flower(ds, clients, model_fn, local, args.rounds,
                                                      args.cpus)
