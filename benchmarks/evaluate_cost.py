@@ -47,8 +47,8 @@ from fedpipe.errors import InputError  # noqa: E402
 from fedpipe.metrics import train_class_counts  # noqa: E402
 from fedpipe.pipeline.common import clients_of, load_partition, train_config  # noqa: E402
 from fedpipe.pipeline.evaluate import evaluate_run  # noqa: E402
-from fedpipe.pipeline.federate import run_dir  # noqa: E402
 from fedpipe.pipeline.inputs import partition_file  # noqa: E402
+from fedpipe.pipeline.outputs import run_dir  # noqa: E402
 from fedpipe.tasks import ClassificationTask  # noqa: E402
 
 

@@ -60,8 +60,8 @@ from fedpipe.config import load_params
 from fedpipe.data import load_dataset
 from fedpipe.io import load_tensors, read_json, write_json
 from fedpipe.pipeline.diffusion import FID_DIR, make_task, make_unet
-from fedpipe.pipeline.feature_extractor import load_fid_tools
 from fedpipe.pipeline.federate_ddpm import ddpm_train_config, sample_images
+from fedpipe.pipeline.fid_tools import load_fid_tools
 from fedpipe.rng import torch_generator
 
 DEFAULT_MODEL = Path("data/federate_ddpm/fedavg/seed_0/model.safetensors")

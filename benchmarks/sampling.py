@@ -28,11 +28,10 @@ from fedpipe.config import load_params
 from fedpipe.data import load_dataset
 from fedpipe.errors import InputError
 from fedpipe.io import load_tensors
-from fedpipe.pipeline.diffusion import WARMUP_DIR, diffusion_stage_config, make_task, make_unet
-from fedpipe.pipeline.feature_extractor import load_fid_tools
-from fedpipe.pipeline.generate import aux_counts
+from fedpipe.pipeline.aux import aux_counts
+from fedpipe.pipeline.diffusion import WARMUP_DIR, client_path, diffusion_stage_config, make_task, make_unet
+from fedpipe.pipeline.fid_tools import load_fid_tools
 from fedpipe.pipeline.inputs import load_partition, partition_file, replicate_dir
-from fedpipe.pipeline.warmup import client_path
 from fedpipe.rng import torch_generator
 
 

@@ -14,10 +14,11 @@ MLflow (fedpipe.tracking.sync): stages spool their runs and never import MLflow 
 
 from fedpipe.claims import summary as claims_summary
 from fedpipe.cli import run_stage
-from fedpipe.config import load_params
-from fedpipe.config.core import build
+from fedpipe.config import dataset_config, load_params
+from fedpipe.config.core import build, check_sections, read_seed
+from fedpipe.config.dataset import is_stand_in
 from fedpipe.config.fl import StudyConfig
-from fedpipe.pipeline.partition import partition_stage_config
+from fedpipe.config.partition import partition_config
 from fedpipe.pipeline.report import REPORT_DIR, build_report
 from fedpipe.tracking import stage_run
 from fedpipe.tracking.sync import sync_pending
@@ -25,12 +26,16 @@ from fedpipe.tracking.sync import sync_pending
 
 def main() -> None:
     params = load_params()
-    part = partition_stage_config(params)  # validates before reading anything
+    check_sections(params)  # validates before reading anything
+    seed = read_seed(params)
+    dataset = dataset_config(params.get("dataset"))
+    partition = partition_config(params.get("partition"))
     study = build(StudyConfig, params.get("study"), "study")
-    title = f"{part.dataset.name}, {part.partition.scheme}, {part.partition.num_clients} clients"
+    title = f"{dataset.name}, {partition.scheme}, {partition.num_clients} clients"
     read = {k: params.get(k) for k in ("seed", "dataset", "partition", "study", "algorithms")}
-    with stage_run("report", read, part.seed) as run:
-        out = build_report(study, title, algorithms=params.get("algorithms"))
+    with stage_run("report", read, seed) as run:
+        out = build_report(study, title, algorithms=params.get("algorithms"),
+                           stand_in=is_stand_in(params))
         for algo, s in out.summary.items():
             run.log_metrics({f"{algo}.{k}": v for k, v in s.items()})
         for r in out.claims:

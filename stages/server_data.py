@@ -17,8 +17,9 @@ from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, read_json_input
 from fedpipe.pipeline.diffusion import aux_file
 from fedpipe.pipeline.inputs import replicate_dir, replicate_seed
-from fedpipe.pipeline.plan import SERVER_DATA_PLAN
-from fedpipe.pipeline.server_data import SERVER_DATA_DIR, public_split, write_server_data
+from fedpipe.pipeline.server_data import public_split, write_server_data
+from fedpipe.pipeline.server_inputs import SERVER_DATA_DIR
+from fedpipe.pipeline.skip import SERVER_DATA_PLAN
 from fedpipe.tracking import stage_run
 
 

@@ -39,11 +39,12 @@ def test_plan_decides_the_backbone_stage_and_refuses_two_different_backbones(tmp
     plan = write_plan(study(["fedavg", "fedper"]), tmp_path)
     assert plan["backbone"] == []
     assert json.loads((tmp_path / BACKBONE_PLAN).read_text()) == {"run": False,
-                                                                  "pretrain_rounds": None}
+                                                                  "pretrain_rounds": None,
+                                                                  "users": []}
     plan = write_plan(study(["perada", "fedavg", "perada_nokd"]), tmp_path)
     assert plan["backbone"] == ["perada", "perada_nokd"]
-    assert json.loads((tmp_path / BACKBONE_PLAN).read_text()) == {"run": True,
-                                                                  "pretrain_rounds": None}
+    assert json.loads((tmp_path / BACKBONE_PLAN).read_text()) == {
+        "run": True, "pretrain_rounds": None, "users": ["perada", "perada_nokd"]}
     # a backbone given as a file, or none, needs no stage
     assert backbone_users(study(["perada"], perada={"backbone": "none",
                                                     "server_data": "holdout"})) == ([], None)
@@ -106,11 +107,12 @@ def test_the_stage_writes_the_backbone_each_user_pretrained_before_bit_for_bit(t
     from fedpipe.pipeline.common import clients_of, load_partition
     from fedpipe.pipeline.federate import backbone_of
     from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
+    from fedpipe.pipeline.plan import backbone_plan
 
     p = tiny_params()
     partition_and_write(partition_stage_config(p), tmp_path / "partition")
     part = tmp_path / "partition" / "partition.safetensors"
-    bcfg = backbone_config(p, "1")
+    bcfg = backbone_config(p, "1", backbone_plan(p))
     assert (bcfg.train.seed, bcfg.rounds, bcfg.users) == (1, 2, ("perada_nokd", "perada"))
     out = build_backbone(bcfg, tmp_path / "backbone", part, progress=False)
     path = backbone_path(1, tmp_path / "backbone")
@@ -130,7 +132,8 @@ def test_the_stage_writes_the_backbone_each_user_pretrained_before_bit_for_bit(t
         assert all(torch.equal(loaded[k], before[k]) for k in before)
         assert read == {str(path): md5_file(path)}
     # the settings are the backbone's own: another pretrain_rounds gives another backbone
-    other = build_backbone(backbone_config(tiny_params(1), 1), tmp_path / "other", part,
+    other = build_backbone(backbone_config(tiny_params(1), 1, backbone_plan(tiny_params(1))),
+                           tmp_path / "other", part,
                            progress=False)
     assert next(iter(other["outputs"].values())) != md5_file(path)
 

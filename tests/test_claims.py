@@ -534,6 +534,26 @@ def test_build_report_claims_table_and_json(tmp_path):
     assert len(embedded) == 5 and not any("fid" in e or "warmup" in e for e in embedded)
 
 
+def test_a_stand_in_study_says_so_in_the_report_the_claims_and_the_cli(tmp_path, capsys):
+    """dataset.stand_in: the report, the claims table, claims.json and `python -m fedpipe.claims`
+    all carry the note; without it none does."""
+    from fedpipe.claims.__main__ import main as claims_cli
+    from fedpipe.config.dataset import STAND_IN_NOTE
+
+    write_inputs(tmp_path)
+    for stand_in in (False, True):
+        out = tmp_path / f"report-{stand_in}"
+        rep = build_report(study_of(), "t", tmp_path / "federate_ddpm", tmp_path / "evaluate", out,
+                           stand_in=stand_in)
+        data = read_json(out / "claims.json")
+        assert (STAND_IN_NOTE in rep.text) == stand_in
+        assert (STAND_IN_NOTE in (out / "claims.md").read_text()) == stand_in
+        assert data.get("stand_in") == (STAND_IN_NOTE if stand_in else None)
+        assert read_json(out / "metrics.json").get("stand_in") == (True if stand_in else None)
+        assert claims_cli([str(out / "claims.json")]) == 0
+        assert (STAND_IN_NOTE in capsys.readouterr().out) == stand_in
+
+
 def test_report_with_one_seed_judges_nothing(tmp_path):
     write_inputs(tmp_path)
     study = study_of(seeds=[0])

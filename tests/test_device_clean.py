@@ -245,12 +245,12 @@ def run_track(root: Path, device: str = "cpu") -> dict[str, str]:
     from test_diffusion_stages import tiny_params
 
     from fedpipe.io import load_tensors
-    from fedpipe.pipeline.diffusion import diffusion_stage_config
+    from fedpipe.pipeline.diffusion import client_path, diffusion_stage_config
     from fedpipe.pipeline.feature_extractor import feature_extractor
     from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm, run_dir
     from fedpipe.pipeline.generate import generate
     from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
-    from fedpipe.pipeline.warmup import client_path, warmup
+    from fedpipe.pipeline.warmup import warmup
 
     params = tiny_params(
         partition={"scheme": "iid", "num_clients": 2}, generate={"ratio": 0.05, "sampler": "ddpm"},

@@ -17,12 +17,14 @@ from fedpipe.config import ConfigError
 from fedpipe.data import Partition
 from fedpipe.errors import InputError
 from fedpipe.io import load_tensors, read_json
+from fedpipe.pipeline.aux import aux_counts, load_aux, requested_labels
 from fedpipe.pipeline.aux_quality import aux_quality
-from fedpipe.pipeline.diffusion import diffusion_stage_config
-from fedpipe.pipeline.feature_extractor import feature_extractor, load_fid_tools
-from fedpipe.pipeline.generate import aux_counts, generate, load_aux, requested_labels
+from fedpipe.pipeline.diffusion import client_path, diffusion_stage_config
+from fedpipe.pipeline.feature_extractor import feature_extractor
+from fedpipe.pipeline.fid_tools import load_fid_tools
+from fedpipe.pipeline.generate import generate
 from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
-from fedpipe.pipeline.warmup import client_path, warmup
+from fedpipe.pipeline.warmup import warmup
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -18,8 +18,19 @@ from typing import Any
 import pytest
 import yaml
 
+from fedpipe.algorithms import ALGORITHMS
+from fedpipe.config.core import build
+from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, read_json
-from fedpipe.pipeline.code import CODE_DIR, code_closure, stage_code, write_stage_code
+from fedpipe.pipeline.code import (
+    CODE_DIR,
+    METHOD_LOOKUPS,
+    check_loaded_code,
+    code_closure,
+    stage_code,
+    stage_code_file,
+    write_stage_code,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DVC_YAML = REPO / "dvc.yaml"
@@ -120,45 +131,120 @@ def test_stage_depends_on_its_code_file_and_lists_no_code(stage: str) -> None:
     script = Path(scripts[0])
     assert script.parent == Path("stages") and (REPO / script).is_file(), script
     deps = code_deps(body.get("deps"))
-    assert f"{CODE_DIR}/{script.stem}.json" in deps, (stage, deps)
+    per_method = isinstance(METHOD_LOOKUPS.get(script.stem), str) and \
+        METHOD_LOOKUPS[script.stem] != "study"
+    if per_method:  # templated: the file of its own method
+        every = [str(d) for d in body.get("deps")]
+        assert f"{CODE_DIR}/{script.stem}/${{item.algorithm}}.json" in every, (stage, every)
+    else:
+        assert f"{CODE_DIR}/{script.stem}.json" in deps, (stage, deps)
     direct = [d for d in deps if d.startswith(("src/", "stages/"))]
     assert not direct, f"stage {stage!r} lists code as deps: {direct}"
 
 
+STUDY = build(StudyConfig, {"algorithms": ["fedavg", "fedprox", "fednh"],
+                            "diffusion_algorithms": ["fedavg", "fedddpm"], "seeds": [0]}, "study")
+
+
 @pytest.fixture(scope="module")
 def repo_code(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, str]]]:
-    """The code files that ``plan`` writes for this repository (stages/ copied into a scratch root)."""
+    """The code files that ``plan`` writes for this repository and a study of three methods
+    (stages/ copied into a scratch root)."""
     root = tmp_path_factory.mktemp("plan")
     (root / "stages").mkdir()
     for script in (REPO / "stages").glob("*.py"):
         (root / "stages" / script.name).write_bytes(script.read_bytes())
-    return root, write_stage_code(root, SRC)
+    return root, write_stage_code(root, SRC, STUDY, ALGORITHMS)
 
 
-def test_code_file_of_every_stage_holds_its_whole_closure(repo_code) -> None:
+def closure_md5(*files: Path) -> dict[str, str]:
+    out = {}
+    for file in files:
+        for f in code_closure(file, [SRC]):
+            rel = (f"stages/{f.name}" if f.parent == (REPO / "stages").resolve()
+                   else f.relative_to(SRC.resolve()).as_posix())
+            out[rel] = md5_file(f)
+    return out
+
+
+def test_code_file_of_every_stage_holds_its_whole_closure_and_its_methods(repo_code) -> None:
+    """A stage's file: its script's closure, plus the modules of the methods it looks up; a training
+    stage's file per method names that method's module and no other method's."""
     root, codes = repo_code
-    assert set(codes) == {p.stem for p in (REPO / "stages").glob("*.py")}
-    for stage, files in codes.items():
-        on_disk = read_json(root / CODE_DIR / f"{stage}.json")
-        assert on_disk == files
-        closure = code_closure(REPO / "stages" / f"{stage}.py", [SRC])
-        expect = {(f"stages/{f.name}" if f.parent == (REPO / "stages").resolve()
-                   else f.relative_to(SRC.resolve()).as_posix()): md5_file(f) for f in closure}
-        assert files == expect, stage
+    per_method = {"federate": STUDY.algorithms, "federate_ddpm": STUDY.diffusion_algorithms}
+    expected = {p.stem for p in (REPO / "stages").glob("*.py") if p.stem not in per_method}
+    expected |= {f"{s}/{m}" for s, ms in per_method.items() for m in ms}
+    assert set(codes) == expected
+    for rel, files in codes.items():
+        assert read_json(root / CODE_DIR / f"{rel}.json") == files
+        stage, _, method = rel.partition("/")
+        script = REPO / "stages" / f"{stage}.py"
+        lookups = METHOD_LOOKUPS.get(stage, ())
+        methods = [method] if method else (list(STUDY.algorithms) if lookups == "study"
+                                           else list(ALGORITHMS) if lookups == "all"
+                                           else list(lookups))
+        assert files == closure_md5(script, *(ALGORITHMS.module_file(m) for m in methods)), rel
         assert f"stages/{stage}.py" in files and "fedpipe/__init__.py" in files
+        named = {f for f in files if f.startswith("fedpipe/algorithms/")} - {
+            "fedpipe/algorithms/__init__.py", "fedpipe/algorithms/registry.py"}
+        if method:
+            assert f"fedpipe/algorithms/{ALGORITHMS.module_file(method).name}" in named, rel
+            others = {f"fedpipe/algorithms/{ALGORITHMS.module_file(m).name}" for m in ALGORITHMS
+                      if ALGORITHMS.module_file(m) != ALGORITHMS.module_file(method)}
+            # a method's module may import another's (cluster2 builds on fedprox): only those
+            imported = {f for f in closure_md5(ALGORITHMS.module_file(method))}
+            assert not (named & others) - imported, rel
+    assert "fedpipe/algorithms/fednh.py" not in codes["federate/fedavg"]
+    assert "fedpipe/algorithms/fednh.py" not in codes["backbone"]
+
+
+def test_a_study_change_removes_the_stale_method_files(repo_code, tmp_path) -> None:
+    root, _ = repo_code
+    smaller = build(StudyConfig, {"algorithms": ["fedavg"], "diffusion_algorithms": [],
+                                  "seeds": [0]}, "study")
+    codes = write_stage_code(root, SRC, smaller, ALGORITHMS)
+    on_disk = {p.relative_to(root / CODE_DIR).with_suffix("").as_posix()
+               for p in (root / CODE_DIR).rglob("*.json")}
+    assert on_disk == set(codes) and "federate/fedprox" not in on_disk
+    assert not (root / CODE_DIR / "federate_ddpm").exists()
+    write_stage_code(root, SRC, STUDY, ALGORITHMS)  # back, for the other tests
+
+
+def test_stage_code_file_names_the_method_file_of_a_training_stage(repo_code) -> None:
+    root, _ = repo_code
+    assert stage_code_file("federate@fedprox-3", root) == root / CODE_DIR / "federate/fedprox.json"
+    assert stage_code_file("federate_ddpm@fedddpm-0", root) == \
+        root / CODE_DIR / "federate_ddpm/fedddpm.json"
+    assert stage_code_file("partition@3", root) == root / CODE_DIR / "partition.json"
+    assert stage_code_file("evaluate", root) == root / CODE_DIR / "evaluate.json"
+
+
+def test_a_stage_that_loaded_a_method_its_file_does_not_name_is_caught(repo_code) -> None:
+    """The guard of ``fedpipe.cli.run_stage``: this test process has loaded every method, so against
+    the code file of federate@fedavg the other methods' modules are reported (and fedavg's is not)."""
+    root, _ = repo_code
+    for name in ALGORITHMS:
+        ALGORITHMS[name]
+    missing = check_loaded_code("federate@fedavg-0", root)
+    assert "fedpipe/algorithms/fednh.py" in missing and "fedpipe/algorithms/fedprox.py" in missing
+    assert "fedpipe/algorithms/fedavg.py" not in missing
+    assert check_loaded_code("nostage@1", root) == []  # no code file: nothing to hold it to
 
 
 def test_every_stage_in_dvc_yaml_has_a_code_file(repo_code) -> None:
     _, codes = repo_code
     for stage in CODE_STAGES:
-        assert Path(stage_scripts(STAGES[stage]["cmd"])[0]).stem in codes, stage
+        script = Path(stage_scripts(STAGES[stage]["cmd"])[0]).stem
+        assert script in codes or any(c.startswith(f"{script}/") for c in codes), stage
 
 
-def test_src_has_no_dynamic_import() -> None:
-    """The walk sees static imports only: no module of src/ imports by name at run time."""
+def test_src_has_no_dynamic_import_but_the_registry() -> None:
+    """The walk sees static imports only: no module of src/ imports by name at run time, except the
+    method registry, whose lookups METHOD_LOOKUPS declares (and the stage guard checks)."""
     found = [p.relative_to(REPO).as_posix() for p in SRC.rglob("*.py")
              if re.search(r"\bimport_module\(|\b__import__\(", p.read_text())]
-    assert not found, f"dynamic imports, invisible to fedpipe.pipeline.code: {found}"
+    assert found == ["src/fedpipe/algorithms/registry.py"], \
+        f"dynamic imports, invisible to fedpipe.pipeline.code: {found}"
 
 
 def test_every_stage_is_checked() -> None:
@@ -309,3 +395,21 @@ def test_stage_code_names_scripts_and_package_files_relative(toy: Path) -> None:
         f: md5_file((toy / "src" / f) if not f.startswith("stages/") else toy / f)
         for f in ["pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/impl.py", "pkg/sub/other.py",
                   "pkg/top.py", "stages/rel.py"]}
+
+
+def test_no_stage_module_imports_another_stage_module() -> None:
+    """A stage's script imports its own module of fedpipe.pipeline only, and no such module imports
+    another stage's: what stages share lives in modules of its own (outputs, aux, fid_tools,
+    server_inputs, diffusion, inputs, common), so an edit to one stage's code re-runs that stage."""
+    from fedpipe.pipeline.code import imported_names
+
+    stages = {p.stem for p in (REPO / "stages").glob("*.py")}
+    own = {f"fedpipe.pipeline.{s}" for s in stages}
+    crossing = []
+    for s in sorted(stages):
+        for path, name in ((REPO / "stages" / f"{s}.py", "__main__"),
+                           (SRC / "fedpipe/pipeline" / f"{s}.py", f"fedpipe.pipeline.{s}")):
+            if path.is_file():
+                crossing += [f"{path.relative_to(REPO)} -> {n}" for n in imported_names(path, name)
+                             if n in own - {f"fedpipe.pipeline.{s}"}]
+    assert not crossing, crossing

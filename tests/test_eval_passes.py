@@ -134,7 +134,7 @@ def reference_evaluate_run(cfg, run, ds, local_tests, task, train_counts, corrup
     the Global-test accuracy each with its own pass), for the keys this test compares."""
     from fedpipe.io import load_tensors
     from fedpipe.pipeline.common import make_model
-    from fedpipe.pipeline.federate import load_personal
+    from fedpipe.pipeline.outputs import load_personal
 
     def corrupt(models):
         names = sorted({n for n, _ in corrupted})

@@ -11,10 +11,11 @@ from test_diffusion_stages import tiny_params
 
 from fedpipe.config import ConfigError
 from fedpipe.io import read_json
+from fedpipe.pipeline.aux import load_aux
 from fedpipe.pipeline.diffusion import diffusion_stage_config
 from fedpipe.pipeline.feature_extractor import feature_extractor
 from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm, run_dir
-from fedpipe.pipeline.generate import generate, load_aux
+from fedpipe.pipeline.generate import generate
 from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 from fedpipe.pipeline.report import build_report, mean_std
 from fedpipe.pipeline.warmup import warmup
@@ -173,7 +174,8 @@ def test_classifier_calibration_needs_a_labelled_aux_set(track, tmp_path):
     p["fl"] = {**p["fl"], "rounds": 2}
     cfg = train_config(p, "fedddpm")
     part = root / "partition" / "partition.safetensors"
-    from fedpipe.pipeline.server_data import needed_kinds, write_server_data
+    from fedpipe.pipeline.server_data import write_server_data
+    from fedpipe.pipeline.server_inputs import needed_kinds
 
     p["study"] = {**p["study"], "algorithms": ["fedavg", "fedddpm"], "server_data_from": "generate"}
     kinds = needed_kinds(p)

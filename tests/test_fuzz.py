@@ -126,7 +126,7 @@ def v_diffusion(p):
 
 
 def v_server_data(p):
-    from fedpipe.pipeline.server_data import needed_kinds
+    from fedpipe.pipeline.server_inputs import needed_kinds
 
     return needed_kinds(p)
 
@@ -185,7 +185,7 @@ def p_ddpm(cfg, tmp):
 def p_diffusion(cfg, tmp):
     from fedpipe.data import load_dataset
     from fedpipe.pipeline.diffusion import make_task, make_unet
-    from fedpipe.pipeline.feature_extractor import build_classifier
+    from fedpipe.pipeline.fid_tools import build_classifier
 
     ds = load_dataset(cfg.dataset)
     make_unet(cfg.diffusion, ds.meta, 0, "probe")
@@ -312,13 +312,14 @@ add("federate", "algorithms.fedddpm.server_lr", [INF, 0], algorithm="fedddpm")
 add("federate", "algorithms.fedprox.muu", [0.1], algorithm="fedprox")
 add("federate", "algorithms.ditto.backbone", ["w.pth", 3, None], algorithm="ditto")  # any method's
 add("federate", "algorithms.fedrep.pretrain_rounds", [0, 1.5, "2"], algorithm="fedrep")
-add("federate", "algorithms.fedfoo", [{}])
-add("federate", "algorithms.fedprox", [[1], "x"])
+# every algorithms section is validated once, by the plan stage (as composition does), before any
+# training stage runs; a training stage reads its own section only
+add("compose", "algorithms.fedfoo", [{}])
+add("compose", "algorithms.fedprox", [[1], "x"])
+add("federate", "algorithms.fedavg", [[1], "x"])
 add("federate", "algorithms", [["fedavg"], "fedavg"])
 add("ddpm", "algorithms.fedddpm_plus.gamma", [INF, NAN], algorithm="fedddpm_plus")
 add("ddpm", "algorithms.fedddpm_plus.test_every", [0], algorithm="fedddpm_plus")
-add("ddpm", "algorithms.fedfoo", [{}])
-add("server_data", "algorithms.fedfoo", [{}])
 add("server_data", "algorithms", [["fedavg"]])
 # study
 add("federate", "study.algorithms", [["fedfoo"], [], ["fedavg", "fedavg"], "fedavg", [1],

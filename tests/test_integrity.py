@@ -201,7 +201,7 @@ ARTIFACTS: dict[str, Artifact] = {
                                "federate@fedper-0"),
     "history.csv": Artifact(lambda t: _run(t) / "history.csv", _check_run, "federate@fedper-0"),
     "auxiliary set": Artifact(_aux, lambda t: __import__(
-        "fedpipe.pipeline.generate", fromlist=["x"]).load_aux(t / "generate" / "aux.safetensors", 0),
+        "fedpipe.pipeline.aux", fromlist=["x"]).load_aux(t / "generate" / "aux.safetensors", 0),
         "generate@0"),
     "warm-up model": Artifact(
         lambda t: (save_tensors(t / "warmup" / "client_000.safetensors", _w(),
@@ -209,7 +209,7 @@ ARTIFACTS: dict[str, Artifact] = {
                    t / "warmup" / "client_000.safetensors")[1],
         lambda t: load_tensors(t / "warmup" / "client_000.safetensors", "warmup@0"), "warmup@0"),
     "server data": Artifact(_server_data, lambda t: __import__(
-        "fedpipe.pipeline.server_data", fromlist=["x"]).load_server_data(
+        "fedpipe.pipeline.server_inputs", fromlist=["x"]).load_server_data(
             "aux", "fedddpm", t / "sd", "server_data@0"), "server_data@0"),
     "backbone": Artifact(
         lambda t: (save_tensors(t / "backbone.safetensors", _w()), t / "backbone.safetensors")[1],
@@ -402,8 +402,12 @@ METHOD_KEYS = [(name, f.name) for name, cls in sorted(ALGORITHMS.items())
 
 
 def _validate(params: dict, algorithm: str):
+    """What runs before any compute: the plan stage's check of every algorithms section, then the
+    training stage's own (which reads its own section only)."""
     from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.plan import check_study
 
+    check_study(params)
     return train_config(params, algorithm, 0)
 
 
@@ -413,7 +417,7 @@ def test_every_method_key_is_checked(algorithm, key):
     p = json.loads(json.dumps(BASE))
     p.setdefault("algorithms", {})[algorithm] = {key: _bad_value(field)}
     with pytest.raises(ConfigError) as info:
-        _validate(p, "fedavg")  # every section is checked, not only the run's own
+        _validate(p, "fedavg")  # every section is checked (by plan), not only the run's own
     assert f"algorithms.{algorithm}.{key}" in str(info.value) and "\n" not in str(info.value)
 
 

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow
 def workdir(tmp_path_factory) -> tuple[Path, dict]:
     """A git repo holding the project's tracked and untracked-but-not-ignored files."""
     dst = tmp_path_factory.mktemp("repo")
-    env = {**copy_repo(dst), "MLFLOW_TRACKING_URI": f"sqlite:///{dst / 'test-mlflow.db'}"}
+    # the copy's package, not the checkout's (an edit in the checkout during the run changes nothing)
+    env = {**copy_repo(dst), "MLFLOW_TRACKING_URI": f"sqlite:///{dst / 'test-mlflow.db'}",
+           "PYTHONPATH": str(dst / "src")}
     shrink_diffusion_track(dst)
     sh([str(BIN / "python"), "-m", "fedpipe.pipeline.compose"], dst, env)
     sh(["git", "init", "-q"], dst, env)
@@ -143,6 +145,35 @@ def test_repro_outputs_then_nothing_reruns(workdir):
         kind, key = column.split(".", 1)
         assert any(key.strip("`") in (r.data.params if kind == "params" else r.data.metrics)
                    for r in shown + parents), column
+
+
+def stale(proc: subprocess.CompletedProcess) -> set[str]:
+    """The stages that ``dvc status --json`` calls changed (``plan`` is always changed)."""
+    return set(json.loads(proc.stdout or "{}")) - {"plan"}
+
+
+def test_editing_one_method_file_reruns_only_that_methods_stages(workdir):
+    """Each training stage's code file names its own method's module only (fedpipe.pipeline.code):
+    an edit to a method outside the study changes nothing; an edit to FedProx's module changes its
+    two training stages and evaluate (which looks up every classification method of the study), as
+    `dvc status` lists after the plan has re-hashed the code, and `dvc repro` runs them and their
+    readers only."""
+    dst, env = workdir
+    study = yaml.safe_load((dst / "params.yaml").read_text())["study"]
+    assert "fednh" not in study["algorithms"] + study["diffusion_algorithms"]
+    for module, changed in (("fednh", set()),
+                            ("fedprox", {"federate@fedprox-0", "federate_ddpm@fedprox-0",
+                                         "evaluate"})):
+        path = dst / f"src/fedpipe/algorithms/{module}.py"
+        before = path.read_text()
+        path.write_text(before + "# an edit\n")
+        sh(["dvc", "repro", "plan"], dst, env)
+        assert stale(sh(["dvc", "status", "--json"], dst, env)) == changed, module
+        reran = ran(sh(["dvc", "repro"], dst, env)) - {"plan"}
+        assert changed <= reran <= changed | {"report"}, (module, reran)
+        path.write_text(before)
+        sh(["dvc", "repro"], dst, env)  # back to the committed code
+    assert ran(sh(["dvc", "repro"], dst, env)) == {"plan"}
 
 
 def test_exp_show_recipe_whole_at_200_columns_with_mains_metrics(workdir):

@@ -8,8 +8,14 @@ import yaml
 
 from fedpipe.errors import SkippedStageError
 from fedpipe.io import load_tensors, save_tensors
-from fedpipe.pipeline.plan import DDPM_TRACK_PLAN, SERVER_DATA_PLAN, uses_diffusion, write_plan
-from fedpipe.pipeline.skip import DIFFUSION_PLAN, SKIPPED_FILE, skip_if_unused, stage_outputs
+from fedpipe.pipeline.plan import DDPM_TRACK_PLAN, uses_diffusion, write_plan
+from fedpipe.pipeline.skip import (
+    DIFFUSION_PLAN,
+    SERVER_DATA_PLAN,
+    SKIPPED_FILE,
+    skip_if_unused,
+    stage_outputs,
+)
 
 
 def params(algorithms, diffusion, **algo_sections):

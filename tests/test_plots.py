@@ -21,7 +21,7 @@ from fedpipe.data.stats import client_rows, plot_sizes  # noqa: E402
 from fedpipe.io import write_csv  # noqa: E402
 from fedpipe.pipeline.aux_quality import UNLABELLED, per_class_rows, plot_per_class  # noqa: E402
 from fedpipe.pipeline.evaluate import HISTORY_COLUMNS, history_rows, plot_curves  # noqa: E402
-from fedpipe.pipeline.federate import plot_history  # noqa: E402
+from fedpipe.pipeline.outputs import plot_history
 from fedpipe.pipeline.report import FID_HISTORY_COLUMNS, fid_history_rows, plot_fid_curves  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.pipeline.compose import compose_params
 from fedpipe.pipeline.plan import write_plan
-from fedpipe.pipeline.server_data import needed_kinds
+from fedpipe.pipeline.server_inputs import needed_kinds
 
 DIFFUSION = ("feature_extractor", "warmup", "generate", "aux_quality", "federate_ddpm")
 

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from fedpipe.config import ConfigError
 from fedpipe.data import DatasetNotFoundError
@@ -113,6 +114,7 @@ def run_stage(main: Callable[[], None]) -> None:
         set_threads()
         with logging_redirect_tqdm():
             main()
+        check_stage_code()
     except KeyboardInterrupt:
         print(interrupted_message(), file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
@@ -120,6 +122,23 @@ def run_stage(main: Callable[[], None]) -> None:
         _fail(f"error: {e}", EXIT_CONFIG)
     except DivergenceError as e:
         _fail(f"error: {e}", EXIT_DIVERGED)
+
+
+def check_stage_code() -> None:
+    """Under DVC, a stage script that loaded a file of the project its code file does not list fails:
+    DVC would call the stage up to date after an edit to that file (:mod:`fedpipe.pipeline.code`;
+    the registry's dynamic import of a method the stage's ``METHOD_LOOKUPS`` entry does not name)."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    stage = os.environ.get("DVC_STAGE")
+    if not stage or not main_file or Path(main_file).resolve().parent.name != "stages":
+        return
+    from fedpipe.pipeline.code import check_loaded_code
+
+    missing = check_loaded_code(stage)
+    if missing:
+        _fail(f"error: stage {stage} ran code that its code file does not list ({', '.join(missing)}):"
+              " a fedpipe bug (fedpipe.pipeline.code.METHOD_LOOKUPS); its outputs may be called up "
+              "to date after an edit to those files", 1)
 
 
 def _fail(line: str, code: int) -> None:

@@ -1,7 +1,9 @@
 """Algorithms: one module per method family, each a :class:`fedpipe.fl.Strategy`.
 
+A method registers itself in its own module (``@register("<name>")``, :mod:`.registry`);
 ``ALGORITHMS`` maps the name used in params (``algorithms.<name>``, ``study.algorithms``) to the
-Strategy class; each class's ``config_class`` is its hyperparameter dataclass. Every section may also
+Strategy class and imports a method's module only when it is looked up, so that a stage loads only
+the method it runs. Each class's ``config_class`` is its hyperparameter dataclass. Every section may also
 say where the method's model starts (``backbone``, ``pretrain_rounds``: :func:`init_config`), which
 the pipeline honours for every algorithm; the algorithm's config never sees those keys.
 """
@@ -10,83 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpipe.algorithms.apfl import APFL
-from fedpipe.algorithms.centralized import Centralized
-from fedpipe.algorithms.cluster2 import Cluster2
-from fedpipe.algorithms.creff import CReFF
-from fedpipe.algorithms.ditto import Ditto
-from fedpipe.algorithms.equitable_fl import EquitableFL
-from fedpipe.algorithms.fairfed import FairFed
-from fedpipe.algorithms.fedavg import FedAvg
-from fedpipe.algorithms.fedavg_ft import FedAvgFT
-from fedpipe.algorithms.fedbabu import FedBABU
-from fedpipe.algorithms.fedbn import FedBN
-from fedpipe.algorithms.feddc import FedDC
-from fedpipe.algorithms.fedddpm import AuxOnly, FedDDPM, FedDDPMPlus
-from fedpipe.algorithms.feddf import FedDF
-from fedpipe.algorithms.feddyn import FedDyn
-from fedpipe.algorithms.fednh import FedNH
-from fedpipe.algorithms.fedper import FedPer
-from fedpipe.algorithms.fedproto import FedProto
-from fedpipe.algorithms.fedprox import FedProx
-from fedpipe.algorithms.fedptr import FedPTR, FedPTRFixed, FedPTRNoProj, FedPTRS, FedPTRSOnce
-from fedpipe.algorithms.fedrep import FedRep
-from fedpipe.algorithms.fedrod import FedRoD
-from fedpipe.algorithms.fedsim import FedAlt, FedSim
-from fedpipe.algorithms.gifair import GIFAIR
-from fedpipe.algorithms.lg_fedavg import LGFedAvg
-from fedpipe.algorithms.local import Local
-from fedpipe.algorithms.mofedsam import MoFedSAM
-from fedpipe.algorithms.perada import PerAda, PerAdaNoKD
-from fedpipe.algorithms.pfedme import PFedMe
-from fedpipe.algorithms.pow_d import PowD
-from fedpipe.algorithms.scaffold import Scaffold
+from fedpipe.algorithms.registry import ALGORITHMS, register
 from fedpipe.config import ConfigError, build
 from fedpipe.config.fl import INIT_KEYS, InitConfig
-from fedpipe.fl import Strategy
 
-ALGORITHMS: dict[str, type[Strategy]] = {
-    "fedavg": FedAvg,  # the base Strategy, with FedNH's latest-local-model PM as an option
-    "fedprox": FedProx,
-    "scaffold": Scaffold,
-    "feddyn": FedDyn,
-    "feddc": FedDC,
-    "mofedsam": MoFedSAM,
-    "fedddpm": FedDDPM,
-    "fedddpm_plus": FedDDPMPlus,
-    "aux_only": AuxOnly,  # FedDDPM's Table IV: training on the auxiliary set alone
-    "local": Local,
-    "fedavg_ft": FedAvgFT,
-    "fedper": FedPer,
-    "fedrep": FedRep,
-    "ditto": Ditto,
-    "fedbn": FedBN,
-    "lg_fedavg": LGFedAvg,
-    "apfl": APFL,
-    "pfedme": PFedMe,
-    "fedrod": FedRoD,
-    "fedsim": FedSim,
-    "fedalt": FedAlt,
-    "creff": CReFF,
-    "fedptr": FedPTR,
-    "fedptr_s": FedPTRS,
-    "fedptr_s_once": FedPTRSOnce,
-    "fedptr_fixed": FedPTRFixed,  # Table 4's fixed lambda
-    "fedptr_noproj": FedPTRNoProj,  # control: the layer-adaptive pull aimed at w^t
-    # Equitable-FL (Upadhyay & Hashemi, arXiv 2410.19207) and its baselines
-    "equitable_fl": EquitableFL,
-    "cluster2": Cluster2,
-    "pow_d": PowD,
-    "gifair": GIFAIR,
-    "fairfed": FairFed,
-    "centralized": Centralized,
-    "fednh": FedNH,
-    "fedbabu": FedBABU,
-    "fedproto": FedProto,
-    "perada": PerAda,
-    "perada_nokd": PerAdaNoKD,
-    "feddf": FedDF,
-}
+__all__ = ["ALGORITHMS", "algorithm_config", "check_algorithm_sections", "check_algorithms",
+           "init_config", "register"]
 
 
 def check_algorithms(names: list[str] | tuple[str, ...], key: str) -> None:

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import fresh_optimizer, local_train
@@ -67,8 +68,8 @@ def mix(v: Weights, w: Weights, alpha: float) -> Weights:
     return {k: alpha * t + (1 - alpha) * w[k] if is_float(t) else t.clone() for k, t in v.items()}
 
 
+@register("apfl")
 class APFL(Strategy):
-    name = "apfl"
     config_class = APFLConfig
 
     def __init__(self, *args, **kwargs):

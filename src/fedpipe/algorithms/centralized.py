@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedpipe.algorithms.registry import register
 from fedpipe.data import ClientData
 from fedpipe.data.skew import apply_feature_skew
 from fedpipe.fl.strategy import Strategy
@@ -63,8 +64,7 @@ def pool(clients: Sequence[ClientData]) -> ClientData:
     return PooledData(x, y, owner=owner, skews=skews)
 
 
+@register("centralized")
 class Centralized(Strategy):
-    name = "centralized"
-
     def training_clients(self, clients: Sequence[ClientData]) -> Sequence[ClientData]:
         return [pool(clients)]

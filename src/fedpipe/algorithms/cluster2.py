@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from fedpipe.algorithms.fedprox import FedProx
+from fedpipe.algorithms.registry import register
 from fedpipe.fl.state import is_float
 from fedpipe.fl.strategy import Probe, RoundInfo, ServerState
 
@@ -74,9 +75,8 @@ def flat_update(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> t
     return torch.cat([(new[k] - old[k]).flatten().float() for k in old if is_float(old[k])])
 
 
+@register("cluster2")
 class Cluster2(FedProx):
-    name = "cluster2"
-
     def select_clients(self, state: ServerState, round_: int, available: Sequence[int],
                        per_round: int, rng: np.random.Generator, probe: Probe | None = None
                        ) -> list[int]:

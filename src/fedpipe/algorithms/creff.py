@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.device import generator_on
@@ -165,8 +166,8 @@ def retrain_head(head: Weights, feats: torch.Tensor, labels: torch.Tensor, epoch
     return {"head.weight": w} | ({} if b is None else {"head.bias": b})
 
 
+@register("creff")
 class CReFF(Strategy):
-    name = "creff"
     config_class = CReFFConfig
 
     @property

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -80,8 +81,8 @@ def own_model(state: ServerState, client_state: ClientState) -> Weights:
     return client_state.get("personal") or state.weights
 
 
+@register("ditto")
 class Ditto(Strategy):
-    name = "ditto"
     config_class = DittoConfig
 
     def personal_schedule(self):

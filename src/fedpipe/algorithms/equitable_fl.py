@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from fedpipe.algorithms.fedprox import FedProx, FedProxConfig
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
 from fedpipe.fl.state import ClientUpdate, Payload, weighted_average
@@ -110,8 +111,8 @@ def equitable_weights(labels: np.ndarray, num_clusters: int) -> np.ndarray:
     return p / p.sum()
 
 
+@register("equitable_fl")
 class EquitableFL(FedProx):
-    name = "equitable_fl"
     config_class = EquitableFLConfig
 
     @classmethod

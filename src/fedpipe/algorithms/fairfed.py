@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from fedpipe.algorithms.fedprox import FedProx, FedProxConfig
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.state import ClientUpdate, Payload, weighted_average
@@ -71,8 +72,8 @@ def local_accuracy(model: torch.nn.Module, data: ClientData, gen: torch.Generato
     return correct / max(len(data), 1)
 
 
+@register("fairfed")
 class FairFed(FedProx):
-    name = "fairfed"
     config_class = FairFedConfig
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,

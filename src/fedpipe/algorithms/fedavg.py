@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedpipe.algorithms.registry import register
 from fedpipe.data import ClientData
 from fedpipe.fl.state import ClientState, ServerState, Weights
 from fedpipe.fl.strategy import Strategy
@@ -60,8 +61,8 @@ class FedAvgConfig:
     PM). Off: FedAvg has no personal models."""
 
 
+@register("fedavg")
 class FedAvg(KeepsLocalModel):
-    name = "fedavg"
     config_class = FedAvgConfig
     batchable = True  # fl.executor: batched (fedpipe.fl.batched)
 

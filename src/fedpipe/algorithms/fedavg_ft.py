@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -39,8 +40,8 @@ def fine_tune(strategy: Strategy, weights: Weights, data: ClientData, epochs: in
     return strategy.scratch_weights()
 
 
+@register("fedavg_ft")
 class FedAvgFT(Strategy):
-    name = "fedavg_ft"
     config_class = FedAvgFTConfig
 
     def personalized_model(self, state: ServerState, client_state: ClientState, data: ClientData,

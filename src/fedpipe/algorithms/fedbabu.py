@@ -23,6 +23,7 @@ import torch
 
 from fedpipe.algorithms.fedavg import KeepsLocalModel
 from fedpipe.algorithms.fedavg_ft import fine_tune
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train, training_only
@@ -45,8 +46,8 @@ class FedBABUConfig:
         one_of(f"{p}.ft_from", self.ft_from, ("local", "global"))
 
 
+@register("fedbabu")
 class FedBABU(KeepsLocalModel):
-    name = "fedbabu"
     config_class = FedBABUConfig
 
     def keeps_local_model(self) -> bool:

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import one_of
 from fedpipe.fl.strategy import Strategy, module_keys
 
@@ -41,8 +42,8 @@ class FedBNConfig:
         one_of(f"{p}.norm", self.norm, NORM_CHOICES)
 
 
+@register("fedbn")
 class FedBN(Strategy):
-    name = "fedbn"
     config_class = FedBNConfig
 
     def personal_keys(self, model: nn.Module) -> set[str]:

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.algorithms.scaffold import option2_control_variate
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
@@ -88,8 +89,8 @@ class FedDCConfig:
         one_of(f"{p}.drift_average", self.drift_average, DRIFT_AVERAGES)
 
 
+@register("feddc")
 class FedDC(Strategy):
-    name = "feddc"
     config_class = FedDCConfig
 
     def init_server(self, model: nn.Module) -> ServerState:

@@ -93,6 +93,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check, one_of
 from fedpipe.config.fl import OPTIMIZERS, LocalTrainConfig
 from fedpipe.data import ClientData
@@ -292,10 +293,10 @@ def with_server_steps(meta: dict[str, Any], metrics: dict[str, float]) -> dict[s
 
 
 # -- the strategies ------------------------------------------------------------------------------------
+@register("fedddpm")
 class FedDDPM(Strategy):
     """Algorithm 1: FedAvg, then E epochs on A at lr eta after every aggregation."""
 
-    name = "fedddpm"
     config_class = FedDDPMConfig
     batchable = True  # its client step is FedAvg's: fl.executor batched may run it
 
@@ -311,11 +312,11 @@ class FedDDPM(Strategy):
         return ServerState(weights, state.extra, with_server_steps(state.meta, metrics))
 
 
+@register("fedddpm_plus")
 class FedDDPMPlus(Strategy):
     """Algorithms 2 and 3: FedAvg; QuickTest every ``test_every`` rounds; when it fires, one correction
     of ``correction_epochs`` epochs on A and the run stops (``meta["stopped_at"]``)."""
 
-    name = "fedddpm_plus"
     config_class = FedDDPMPlusConfig
     batchable = True  # its client step is FedAvg's: fl.executor batched may run it
 
@@ -379,6 +380,7 @@ class AuxOnlyConfig:
         check(self.epochs >= 1, f"{p}.epochs", self.epochs, "an integer >= 1")
 
 
+@register("aux_only")
 class AuxOnly(Strategy):
     """Table IV's "training w/ aux. data": the model trained centrally on the auxiliary set A alone.
     No client trains (the round selects none); each round the server runs ``epochs`` epochs of the
@@ -386,7 +388,6 @@ class AuxOnly(Strategy):
     current model, generator ``(seed, "server-update", round)``. The round count, evaluation and
     final FID are those of the study's other arms. ``meta["server_steps"]`` counts the steps."""
 
-    name = "aux_only"
     config_class = AuxOnlyConfig
 
     def init_server(self, model: nn.Module) -> ServerState:

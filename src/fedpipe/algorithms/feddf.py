@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.device import generator_on
@@ -151,8 +152,8 @@ class FedDFConfig(DistillConfig):
     pass
 
 
+@register("feddf")
 class FedDF(Strategy):
-    name = "feddf"
     config_class = FedDFConfig
 
     def server_update(self, state: ServerState, rnd: RoundInfo) -> ServerState:

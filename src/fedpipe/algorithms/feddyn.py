@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -68,8 +69,8 @@ class FedDynConfig:
         check(self.alpha > 0, f"{p}.alpha", self.alpha, "a number > 0")
 
 
+@register("feddyn")
 class FedDyn(Strategy):
-    name = "feddyn"
     config_class = FedDynConfig
 
     def init_server(self, model: nn.Module) -> ServerState:

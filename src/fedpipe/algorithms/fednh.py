@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedpipe.algorithms.fedavg import KeepsLocalModel
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
 from fedpipe.device import module_device
@@ -115,8 +116,8 @@ def prototype_update(w: torch.Tensor, sums: list[torch.Tensor], counts: list[tor
     return torch.where(owned[:, None], new, w)
 
 
+@register("fednh")
 class FedNH(KeepsLocalModel):
-    name = "fednh"
     config_class = FedNHConfig
 
     @classmethod

@@ -6,10 +6,11 @@ the initial head ("GM uses the initial head").
 
 from __future__ import annotations
 
+from fedpipe.algorithms.registry import register
 from fedpipe.fl.strategy import Strategy
 
 
+@register("fedper")
 class FedPer(Strategy):
-    name = "fedper"
     personal_modules = ("head",)
     batchable = True  # the base client step with a personal head (fedpipe.fl.batched)

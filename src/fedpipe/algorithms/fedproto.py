@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -57,8 +58,8 @@ def aggregate_prototypes(old: torch.Tensor, means: list[torch.Tensor], owned: li
     return torch.where(count[:, None] > 0, total / count.clamp_min(1.0)[:, None], old)
 
 
+@register("fedproto")
 class FedProto(Strategy):
-    name = "fedproto"
     config_class = FedProtoConfig
 
     @classmethod

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.state import Payload, trainable
@@ -39,8 +40,8 @@ class FedProxConfig:
         check(self.mu >= 0, f"{p}.mu", self.mu, "a number >= 0")
 
 
+@register("fedprox")
 class FedProx(Strategy):
-    name = "fedprox"
     config_class = FedProxConfig
     batchable = True  # fl.executor: batched adds the proximal term in its vectorised step
 

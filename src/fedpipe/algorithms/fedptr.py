@@ -64,6 +64,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.device import generator_on, module_device
@@ -215,10 +216,10 @@ def balanced_labels(num_classes: int, ipc: int, device: torch.device | str = "cp
     return torch.arange(num_classes, device=device).repeat_interleave(ipc)
 
 
+@register("fedptr_s")
 class FedPTRS(Strategy):
     """FedPTR-S (Algorithm 3): the synthetic set lives on the server."""
 
-    name = "fedptr_s"
     config_class = FedPTRConfig
 
     # -- shared pieces ------------------------------------------------------------------------
@@ -342,26 +343,26 @@ class FedPTRS(Strategy):
         return ServerState(weights=state.weights, extra=extra, meta=meta)
 
 
+@register("fedptr_s_once")
 class FedPTRSOnce(FedPTRS):
     """FedPTR-S with one MTT update (``mtt_once: true``)."""
 
-    name = "fedptr_s_once"
     config_class = FedPTRSOnceConfig
 
 
+@register("fedptr_noproj")
 class FedPTRNoProj(FedPTRS):
     """The control (``target: current``): FedPTR's layer-adaptive, constant-magnitude pull aimed at
     the current global model w^t, with no synthetic set, no MTT and no projection; the same
     schedule (no pull in rounds t <= m)."""
 
-    name = "fedptr_noproj"
     config_class = FedPTRNoProjConfig
 
 
+@register("fedptr")
 class FedPTR(FedPTRS):
     """FedPTR (Algorithm 2): each client keeps its own synthetic set and beta."""
 
-    name = "fedptr"
     config_class = FedPTRConfig
 
     def payload(self, state: ServerState, round_: int, client_id: int = 0) -> Payload:
@@ -416,8 +417,8 @@ class FedPTR(FedPTRS):
         return update, new_state, metrics
 
 
+@register("fedptr_fixed")
 class FedPTRFixed(FedPTR):
     """FedPTR with a fixed lambda (``layer_adaptive: false``): Table 4's "fixed lambda" row."""
 
-    name = "fedptr_fixed"
     config_class = FedPTRFixedConfig

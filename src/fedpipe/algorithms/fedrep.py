@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
@@ -36,8 +37,8 @@ class FedRepConfig:
         check(self.body_epochs >= 1, f"{p}.body_epochs", self.body_epochs, "an integer >= 1")
 
 
+@register("fedrep")
 class FedRep(Strategy):
-    name = "fedrep"
     config_class = FedRepConfig
     personal_modules = ("head",)
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -121,8 +122,8 @@ def weights_seed(weights: Weights) -> int:
     return int.from_bytes(h.digest()[:4], "little")
 
 
+@register("fedrod")
 class FedRoD(Strategy):
-    name = "fedrod"
     config_class = FedRoDConfig
 
     def __init__(self, *args, **kwargs):

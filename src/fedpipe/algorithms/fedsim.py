@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from fedpipe.algorithms.fedrep import alternating_update
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
 from fedpipe.fl.state import ClientUpdate, Payload
@@ -93,8 +94,8 @@ def partial_keys(model: nn.Module, cfg: PartialConfig, who: str) -> set[str]:
     return keys
 
 
+@register("fedsim")
 class FedSim(Strategy):
-    name = "fedsim"
     config_class = PartialConfig
 
     @classmethod
@@ -110,9 +111,8 @@ class FedSim(Strategy):
         return partial_keys(model, self.cfg, self.name)
 
 
+@register("fedalt")
 class FedAlt(FedSim):
-    name = "fedalt"
-
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,
                       gen: torch.Generator, client_id: int = 0
                       ) -> tuple[ClientUpdate, ClientState, dict[str, float]]:

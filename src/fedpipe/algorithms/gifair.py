@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -71,8 +72,8 @@ def group_coefficients(groups: list[int] | tuple[int, ...], group_loss: dict[int
     return np.array([max(1.0 + lam * r[s] * n / sizes[s], 0.0) for s in g])
 
 
+@register("gifair")
 class GIFAIR(Strategy):
-    name = "gifair"
     config_class = GIFAIRConfig
     needs_client_groups = True
 

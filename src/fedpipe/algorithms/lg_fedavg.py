@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -45,8 +46,8 @@ class LGFedAvgConfig:
         check(self.warmup_rounds >= 0, f"{p}.warmup_rounds", self.warmup_rounds, "an integer >= 0")
 
 
+@register("lg_fedavg")
 class LGFedAvg(Strategy):
-    name = "lg_fedavg"
     config_class = LGFedAvgConfig
     personal_modules = ("body",)
 

@@ -10,9 +10,10 @@ columns only show the initial model; compare its personalized ones.
 
 from __future__ import annotations
 
+from fedpipe.algorithms.registry import register
 from fedpipe.fl.strategy import Strategy
 
 
+@register("local")
 class Local(Strategy):
-    name = "local"
     personal_modules = ("",)

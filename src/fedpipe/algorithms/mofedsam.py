@@ -69,6 +69,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.algorithms.scaffold import rule_for_optimizer, server_step
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
@@ -189,8 +190,8 @@ def sam_grads_fn(params: dict[str, nn.Parameter], rho: float, gen: torch.Generat
     return grads_fn
 
 
+@register("mofedsam")
 class MoFedSAM(Strategy):
-    name = "mofedsam"
     config_class = MoFedSAMConfig
 
     def init_server(self, model: nn.Module) -> ServerState:

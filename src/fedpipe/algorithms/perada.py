@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from fedpipe.algorithms.feddf import DistillConfig, distill_round, global_rng_from
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import local_train
@@ -107,8 +108,8 @@ class PerAdaNoKDConfig(PerAdaConfig):
     """PerAda w/o KD (a registry alias so that a study can run both arms)."""
 
 
+@register("perada")
 class PerAda(Strategy):
-    name = "perada"
     config_class = PerAdaConfig
     default_backbone = "fedavg"  # frozen: a random one is Fig. 5's worst case
 
@@ -200,9 +201,9 @@ class PerAda(Strategy):
         return {**state.weights, **self.own_entries(state.extra, client_state)}
 
 
+@register("perada_nokd")
 class PerAdaNoKD(PerAda):
     """PerAda w/o KD under its own registry name (``algorithms.perada_nokd``: kd false by default),
     so that one study compares the two arms."""
 
-    name = "perada_nokd"
     config_class = PerAdaNoKDConfig

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.data import ClientData
 from fedpipe.fl.local import LossMean, iterate_batches
@@ -64,8 +65,8 @@ class PFedMeConfig:
         check(self.beta > 0, f"{p}.beta", self.beta, "a number > 0")
 
 
+@register("pfedme")
 class PFedMe(Strategy):
-    name = "pfedme"
     config_class = PFedMeConfig
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,

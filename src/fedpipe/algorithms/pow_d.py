@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedpipe.algorithms.fedprox import FedProx, FedProxConfig
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check
 from fedpipe.fl.strategy import Probe, ServerState, uniform_selection
 
@@ -55,8 +56,8 @@ def highest_loss(losses: dict[int, float], r: int) -> list[int]:
     return sorted(order[:r])
 
 
+@register("pow_d")
 class PowD(FedProx):
-    name = "pow_d"
     config_class = PowDConfig
 
     @classmethod

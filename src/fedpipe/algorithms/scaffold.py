@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedpipe.algorithms.registry import register
 from fedpipe.config.core import check, one_of
 from fedpipe.data import ClientData
 from fedpipe.fl.state import (
@@ -143,8 +144,8 @@ def server_step(x: Weights, y_avg: Weights, global_lr: float) -> Weights:
 
 
 # -- the strategy -----------------------------------------------------------------------------
+@register("scaffold")
 class Scaffold(Strategy):
-    name = "scaffold"
     config_class = ScaffoldConfig
     batchable = True  # fl.executor: batched adds c - c_i to the vectorised gradients
 

@@ -25,9 +25,9 @@ from fedpipe.data import load_dataset
 from fedpipe.io import md5_file, save_figure, write_csv, write_json
 from fedpipe.metrics.personalized import class_counts
 from fedpipe.metrics.personalized import per_class_accuracy as metrics_per_class_accuracy
+from fedpipe.pipeline.aux import check_aux, load_aux
 from fedpipe.pipeline.diffusion import AUX_QUALITY_DIR, FID_DIR, DiffusionStageConfig, aux_file
-from fedpipe.pipeline.feature_extractor import check_fid_inputs, load_fid_tools
-from fedpipe.pipeline.generate import check_aux, load_aux
+from fedpipe.pipeline.fid_tools import check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.inputs import replicate_dir
 from fedpipe.rng import numpy_rng
 from fedpipe.tasks import ClassificationTask

@@ -21,12 +21,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fedpipe.config import ConfigError
 from fedpipe.config.fl import InitConfig
 from fedpipe.data import ClientData, load_dataset
+from fedpipe.errors import InputError
 from fedpipe.fl import RunResult, Strategy, run_federated
 from fedpipe.fl.state import Weights
-from fedpipe.io import md5_file, save_tensors, write_json
+from fedpipe.io import md5_file, read_json_input, save_tensors, write_json
 from fedpipe.pipeline.common import (
     TrainConfig,
     clients_of,
@@ -36,6 +36,7 @@ from fedpipe.pipeline.common import (
     train_config,
 )
 from fedpipe.pipeline.inputs import BACKBONE_DIR, backbone_path, checkpoint_dir, partition_file
+from fedpipe.pipeline.skip import BACKBONE_PLAN
 from fedpipe.rng import torch_seed
 from fedpipe.tasks import ClassificationTask
 
@@ -54,16 +55,19 @@ class BackboneConfig:
     users: tuple[str, ...]
 
 
-def backbone_config(params: dict[str, Any], run_seed: int | str) -> BackboneConfig:
-    """Validate the params the backbone of ``run_seed`` reads (before any data is loaded); a study
-    whose algorithms ask for no FedAvg backbone is a ConfigError (the plan skips the stage then)."""
-    from fedpipe.pipeline.plan import backbone_users
-
-    users, pretrain_rounds = backbone_users(params)
+def backbone_config(params: dict[str, Any], run_seed: int | str,
+                    plan: dict[str, Any] | None = None) -> BackboneConfig:
+    """Validate the params the backbone of ``run_seed`` reads (before any data is loaded). The
+    algorithms it serves and their ``pretrain_rounds`` come from the plan stage
+    (``data/plan/backbone.json``, :func:`fedpipe.pipeline.plan.backbone_users`), so that this stage
+    loads no method but FedAvg, whose rounds train it; a plan with no user is an InputError (the
+    stage skips itself then). ``plan``: that file's content, when the caller has it."""
+    plan = read_json_input(BACKBONE_PLAN, "plan") if plan is None else plan
+    users, pretrain_rounds = list(plan.get("users") or []), plan.get("pretrain_rounds")
     if not users:
-        raise ConfigError("study.algorithms", (params.get("study") or {}).get("algorithms"),
-                          "an algorithm with backbone: fedavg (else the plan skips this stage)")
-    cfg = train_config(params, users[0], run_seed)
+        raise InputError(f"{BACKBONE_PLAN} names no algorithm with backbone: fedavg (the plan "
+                         "stage skips this stage then): run `dvc repro plan` first")
+    cfg = train_config(params, "fedavg", run_seed)
     read = {k: v for k, v in cfg.params_read.items() if not k.startswith("algorithms.")}
     rounds = pretrain_rounds or cfg.fl.rounds
     plain = replace(cfg, algorithm="fedavg", algo_cfg=None, init=InitConfig(),

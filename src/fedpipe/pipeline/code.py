@@ -14,8 +14,16 @@ The walk is static (``ast``) and conservative: absolute and relative imports any
 (imports inside functions run too), ``from pkg import name`` where ``name`` is a submodule, the
 ``__init__.py`` of every package on the way, and sibling scripts of ``stages/`` (a script's folder is
 ``sys.path[0]``). An import under ``if TYPE_CHECKING:`` or in an ``except ImportError:`` branch counts
-as run. Only files under the search roots are followed (third-party imports are not). Dynamic imports
-(``importlib.import_module``) are not seen; the project has none (``tests/test_dvc_deps.py`` checks).
+as run. Only files under the search roots are followed (third-party imports are not).
+
+The one dynamic import is the method registry's (:mod:`fedpipe.algorithms.registry`): a method's
+module loads when a stage looks the method up, and the walk cannot see which. :data:`METHOD_LOOKUPS`
+says, per stage, which methods it looks up, and their modules (with their own imports) join its code:
+``federate@<algorithm>-<seed>`` depends on ``data/plan/code/federate/<algorithm>.json``, the stage's
+code plus that one method's, so an edit to one method re-runs that method's stages (and the stages
+that read their outputs) and nothing else. :func:`check_loaded_code` makes this a guarantee: at the
+end of a stage run under DVC, every project file the process loaded must be in the stage's code
+file, or the stage fails (``tests/test_dvc_deps.py`` also checks that no other dynamic import exists).
 """
 
 from __future__ import annotations
@@ -30,6 +38,20 @@ from fedpipe.io import md5_file, write_json
 
 CODE_DIR = Path("data/plan/code")
 STAGES_DIR = Path("stages")
+
+METHOD_LOOKUPS: dict[str, str | tuple[str, ...]] = {
+    "federate": "algorithms",  # one code file per method of study.algorithms: its own
+    "federate_ddpm": "diffusion_algorithms",  # the same for the diffusion track's methods
+    "evaluate": "study",  # every classification method of the study (a global model or not)
+    "backbone": ("fedavg",),  # PerAda's backbone: the plain model trained by FedAvg
+    "plan": "all",  # validates every algorithms section
+}
+"""Which registered methods each stage looks up at run time: a ``study`` key (``algorithms``,
+``diffusion_algorithms``: :data:`PER_METHOD`) gives one code file per method
+(``<stage>/<method>.json``); ``"study"`` adds every method of ``study.algorithms`` to the stage's one
+file, ``"all"`` every registered method; a tuple names the methods. A stage not listed looks up none
+(:func:`check_loaded_code` holds every stage to this)."""
+PER_METHOD = ("algorithms", "diffusion_algorithms")
 
 
 def package_root() -> Path:
@@ -157,16 +179,99 @@ def stage_code(script: Path, src: Path | None = None) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def write_stage_code(root: str | Path = ".", src: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Write ``data/plan/code/<stage>.json`` under ``root`` for every script ``stages/<stage>.py``
-    (and nothing else: a stale file goes); return them by stage."""
+def module_code(module: Path, src: Path | None = None) -> dict[str, str]:
+    """``{file: md5}`` of the package file ``module`` and what it imports (named as by
+    :func:`stage_code`)."""
+    src = (src or package_root()).resolve()
+    return {f.relative_to(src).as_posix(): md5_file(f) for f in code_closure(module, [src])}
+
+
+def stage_codes(root: Path, src: Path | None, study: Any | None,
+                methods: Any | None = None) -> dict[str, dict[str, str]]:
+    """``{relative json path (no suffix): {file: md5}}`` for every stage script under ``root``: one
+    file per stage, or per (stage, method) for the stages of :data:`METHOD_LOOKUPS` that run one
+    method (``study``: the StudyConfig whose methods they run, None for no methods; ``methods``: the
+    method registry, whose ``module_file`` gives a method's module without importing it)."""
+    def method_code(name: str) -> dict[str, str]:
+        return module_code(methods.module_file(name), src)
+
+    out: dict[str, dict[str, str]] = {}
+    for script in sorted((root / STAGES_DIR).glob("*.py")):
+        code = stage_code(script, src)
+        lookups = METHOD_LOOKUPS.get(script.stem, ())
+        if lookups in PER_METHOD:
+            for name in (getattr(study, lookups) if study is not None else ()):
+                out[f"{script.stem}/{name}"] = dict(sorted({**code, **method_code(name)}.items()))
+            continue
+        if lookups == "all":
+            names = tuple(methods or ())
+        elif lookups == "study":
+            names = tuple(study.algorithms) if study is not None else ()
+        else:
+            names = lookups
+        for name in names:
+            code |= method_code(name)
+        out[script.stem] = dict(sorted(code.items()))
+    return out
+
+
+def write_stage_code(root: str | Path = ".", src: Path | None = None, study: Any | None = None,
+                     methods: Any | None = None) -> dict[str, dict[str, Any]]:
+    """Write ``data/plan/code/<stage>.json`` (and ``<stage>/<method>.json``, :func:`stage_codes`)
+    under ``root`` for every script ``stages/<stage>.py`` (and nothing else: a stale file goes);
+    return them by their path relative to the folder, without ``.json``."""
     root = Path(root)
     folder = root / CODE_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    codes = {s.stem: stage_code(s, src) for s in sorted((root / STAGES_DIR).glob("*.py"))}
-    for stale in folder.glob("*.json"):
-        if stale.stem not in codes:
+    codes = stage_codes(root, src, study, methods)
+    for stale in folder.rglob("*.json"):
+        if stale.relative_to(folder).with_suffix("").as_posix() not in codes:
             stale.unlink()
-    for stage, files in codes.items():
-        write_json(folder / f"{stage}.json", files)
+    for rel, files in codes.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_json(folder / f"{rel}.json", files)
+    for sub in folder.iterdir():  # a stage's method folder left empty
+        if sub.is_dir() and not any(sub.iterdir()):
+            sub.rmdir()
     return codes
+
+
+def stage_code_file(address: str, root: str | Path = ".") -> Path:
+    """The code file of DVC stage ``address`` (``federate@fedavg-0`` -> ``federate/fedavg.json`` when
+    the stage has a file per method, else ``federate.json``)."""
+    name, _, item = address.partition("@")
+    per_method = Path(root) / CODE_DIR / name
+    if item and per_method.is_dir():
+        return per_method / f"{item.rpartition('-')[0] or item}.json"
+    return Path(root) / CODE_DIR / f"{name}.json"
+
+
+def loaded_project_files(src: Path | None = None, stages: Path = STAGES_DIR) -> set[str]:
+    """The project's files (named as in a code file) that this process has imported."""
+    import sys
+
+    src = (src or package_root()).resolve()
+    stages = stages.resolve()
+    out = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not f:
+            continue
+        path = Path(f).resolve()
+        if path.is_relative_to(src):
+            out.add(path.relative_to(src).as_posix())
+        elif path.is_relative_to(stages):
+            out.add((Path(STAGES_DIR.name) / path.relative_to(stages)).as_posix())
+    return out
+
+
+def check_loaded_code(address: str, root: str | Path = ".") -> list[str]:
+    """The project files this process loaded that stage ``address``'s code file does not list
+    (empty when the file covers them, or when there is no code file to hold the stage to)."""
+    import json
+
+    path = stage_code_file(address, root)
+    if not path.is_file():
+        return []
+    listed = set(json.loads(path.read_text()))
+    return sorted(loaded_project_files(stages=Path(root) / STAGES_DIR) - listed)

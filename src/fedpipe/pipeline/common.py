@@ -9,13 +9,7 @@ from typing import Any
 
 import torch
 
-from fedpipe.algorithms import (
-    ALGORITHMS,
-    algorithm_config,
-    check_algorithm_sections,
-    check_algorithms,
-    init_config,
-)
+from fedpipe.algorithms import ALGORITHMS, algorithm_config, check_algorithms, init_config
 from fedpipe.config import ConfigError, DatasetConfig, dataset_config
 from fedpipe.config.core import build, check_sections, read_seed
 from fedpipe.config.dataset import check_server_data_source
@@ -66,8 +60,10 @@ parse_run_seed = replicate_seed  # a stage's seed argument (one of ``study.seeds
 
 
 def train_config(params: dict, algorithm: str, run_seed: int | str | None = None) -> TrainConfig:
-    """Validate every section the federate stage of ``algorithm`` reads (before loading data).
-    ``run_seed`` (default: the root ``seed``) seeds the federated run."""
+    """Validate every section the federate stage of ``algorithm`` reads (before loading data): of
+    ``algorithms``, its own section only (the plan stage validated them all, once, before any
+    training stage ran; a training stage loads only the method it runs). ``run_seed`` (default: the
+    root ``seed``) seeds the federated run."""
     check_sections(params)
     seed = read_seed(params)
     ds = dataset_config(params.get("dataset"))
@@ -76,7 +72,7 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     fl = fl_config(params.get("fl"))
     study = build(StudyConfig, params.get("study"), "study")
     check_algorithms(study.algorithms, "study.algorithms")
-    algos = check_algorithm_sections(params.get("algorithms"))
+    algos = algorithm_sections(params)
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
     check_method_setting(algorithm, algo_cfg, model, ds, fl)
     init = init_config(algorithm, algos.get(algorithm))
@@ -87,6 +83,14 @@ def train_config(params: dict, algorithm: str, run_seed: int | str | None = None
     device = device_config(params)
     read |= device_params(params, device)
     return TrainConfig(run, ds, model, fl, study, algorithm, algo_cfg, read, device, init)
+
+
+def algorithm_sections(params: dict) -> dict[str, Any]:
+    """The ``algorithms`` section as a mapping (its sections are validated where they are read)."""
+    algos = params.get("algorithms") or {}
+    if not isinstance(algos, dict):
+        raise ConfigError("algorithms", algos, "a mapping of algorithm name to its settings")
+    return algos
 
 
 def check_method_setting(algorithm: str, algo_cfg: Any, model: ModelConfig, ds: DatasetConfig,

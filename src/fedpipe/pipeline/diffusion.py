@@ -33,8 +33,12 @@ from fedpipe.config.diffusion import (
     generate_config,
     warmup_config,
 )
-from fedpipe.pipeline.inputs import replicate_dir, replicate_seed
+from fedpipe.pipeline.inputs import (
+    replicate_dir,
+    replicate_seed,
+)
 from fedpipe.rng import torch_seed
+from fedpipe.tasks.diffusion import DiffusionTask
 
 if TYPE_CHECKING:
     from fedpipe.data import DatasetMeta
@@ -130,3 +134,7 @@ def params_fingerprint(params: dict, *files: str | Path) -> str:
     from fedpipe.pipeline.inputs import fingerprint_of
 
     return fingerprint_of(params, *files)
+
+
+def client_path(models_dir: str | Path, client_id: int) -> Path:
+    return Path(models_dir) / f"client_{client_id:03d}.safetensors"

@@ -41,8 +41,8 @@ from fedpipe.pipeline.common import (
     load_partition,
     make_model,
 )
-from fedpipe.pipeline.federate import load_personal, round_axis, run_dir
 from fedpipe.pipeline.inputs import partition_file
+from fedpipe.pipeline.outputs import load_personal, round_axis, run_dir
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,6 @@ import torch
 from fedpipe.algorithms import (
     ALGORITHMS,
     algorithm_config,
-    check_algorithm_sections,
     check_algorithms,
 )
 from fedpipe.cli import keep_on_interrupt
@@ -49,7 +48,8 @@ from fedpipe.config.fl import FLConfig, StudyConfig, fl_config
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.fl import ServerData, run_federated
 from fedpipe.io import md5_file, save_figure, write_json
-from fedpipe.pipeline.common import clients_of, load_partition, parse_run_seed
+from fedpipe.pipeline.aux import check_aux, load_aux, plot_grid, requested_labels
+from fedpipe.pipeline.common import algorithm_sections, clients_of, load_partition, parse_run_seed
 from fedpipe.pipeline.diffusion import (
     FID_DIR,
     aux_file,
@@ -57,10 +57,9 @@ from fedpipe.pipeline.diffusion import (
     make_unet,
     params_fingerprint,
 )
-from fedpipe.pipeline.feature_extractor import FIDTools, check_fid_inputs, load_fid_tools
-from fedpipe.pipeline.federate import plot_history, run_dir, save_run
-from fedpipe.pipeline.generate import check_aux, load_aux, plot_grid, requested_labels
+from fedpipe.pipeline.fid_tools import FIDTools, check_fid_inputs, load_fid_tools
 from fedpipe.pipeline.inputs import checkpoint_dir, partition_file
+from fedpipe.pipeline.outputs import plot_history, run_dir, save_run
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask
 
@@ -102,7 +101,7 @@ def ddpm_train_config(params: dict, algorithm: str, run_seed: int | str = 0) -> 
     check_diffusion_models(ds, diff, fid)
     study = build(StudyConfig, params.get("study"), "study")
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
-    algos = check_algorithm_sections(params.get("algorithms"))
+    algos = algorithm_sections(params)  # its own section validated here; all of them by plan
     algo_cfg = algorithm_config(algorithm, algos.get(algorithm))
     read = {"seed": params.get("seed", 0), "run_seed": seed, "dataset": params.get("dataset"),
             "diffusion": params.get("diffusion"),

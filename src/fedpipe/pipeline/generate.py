@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,73 +23,24 @@ import torch
 from tqdm.auto import tqdm
 
 from fedpipe.config.diffusion import check_diffusion_models
-from fedpipe.data import apportion, load_dataset
+from fedpipe.data import load_dataset
 from fedpipe.errors import DivergenceError, InputError
 from fedpipe.fl.state import all_finite
 from fedpipe.io import load_tensors, md5_file, save_figure, save_tensors, write_json
-from fedpipe.pipeline.diffusion import GENERATE_DIR, WARMUP_DIR, DiffusionStageConfig, make_task, make_unet
+from fedpipe.pipeline.aux import META_KEY, aux_counts, plot_grid, requested_labels
+from fedpipe.pipeline.diffusion import (
+    GENERATE_DIR,
+    WARMUP_DIR,
+    DiffusionStageConfig,
+    client_path,
+    make_task,
+    make_unet,
+)
 from fedpipe.pipeline.inputs import check_input, load_partition, partition_file, replicate_dir
-from fedpipe.pipeline.warmup import client_path
 from fedpipe.pipeline.workers import map_in_processes, one_thread, worker_count
 from fedpipe.rng import torch_generator
 
 log = logging.getLogger(__name__)
-
-META_KEY = "fedpipe.aux"
-AUX_KEYS = ("images", "labels", "client")
-
-
-@dataclass(frozen=True)
-class AuxSet:
-    images: torch.Tensor  # (n, C, H, W) float32 in [0, 1]
-    labels: torch.Tensor  # (n,) int64; -1 when unconditional
-    client: torch.Tensor  # (n,) int64: the client whose model produced the row
-    meta: dict
-
-    @property
-    def labelled(self) -> bool:
-        return bool(len(self.labels)) and bool((self.labels >= 0).all())
-
-
-def aux_counts(sizes: np.ndarray, ratio: float) -> np.ndarray:
-    """|A_i| = ratio * m_i, rounded by largest remainder so that sum |A_i| = round(ratio * sum m_i)."""
-    return apportion(int(round(ratio * float(np.sum(sizes)))), sizes)
-
-
-def requested_labels(n: int, class_counts: np.ndarray) -> torch.Tensor:
-    """``n`` labels in proportion to ``class_counts`` (largest remainder), sorted by class."""
-    per_class = apportion(n, class_counts)
-    return torch.repeat_interleave(torch.arange(len(per_class), device="cpu"), torch.from_numpy(per_class))
-
-
-def check_aux(path: str | Path, seed: int | None = None) -> None:
-    """The auxiliary set at ``path`` is there and readable (InputError naming `dvc repro
-    generate@<seed>` otherwise, ``seed`` its replicate); the stages that read it call this before
-    any compute."""
-    check_input(path, "generate" if seed is None else f"generate@{seed}", AUX_KEYS)
-
-
-def load_aux(path: str | Path, seed: int | None = None) -> AuxSet:
-    from fedpipe.io import read_metadata
-
-    check_aux(path, seed)
-    t = load_tensors(path, "generate" if seed is None else f"generate@{seed}")
-    return AuxSet(t["images"], t["labels"], t["client"], read_metadata(path, META_KEY) or {})
-
-
-def plot_grid(images: torch.Tensor, title: str, max_images: int = 64):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from torchvision.utils import make_grid
-
-    grid = make_grid(images[:max_images], nrow=8, padding=1, pad_value=1.0)
-    fig, ax = plt.subplots(figsize=(4, 4 * grid.shape[1] / grid.shape[2]))
-    ax.imshow(grid.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray", vmin=0, vmax=1)
-    ax.axis("off")
-    ax.set_title(title, fontsize=9)
-    return fig
 
 
 def _sample_client(job: tuple, device: torch.device | str = "cpu") -> tuple[int, torch.Tensor]:

@@ -21,20 +21,23 @@ adds its own replicate's stages, ``warmup@<seed>`` ...; the others stay cached).
   two) so that it re-hashes the named files: a changed file changes this json and re-runs that
   algorithm's federate stages (only those); an unchanged one leaves it byte-identical and DVC re-runs
   nothing downstream. A named file that does not exist is a ConfigError here, before any compute.
-- ``data/plan/backbone.json`` = ``{"run": bool, "pretrain_rounds": int | null}``: whether the
+- ``data/plan/backbone.json`` = ``{"run": bool, "pretrain_rounds": int | null, "users": [...]}``:
+  whether the
   ``backbone@<seed>`` stages pretrain PerAda's offline backbone (some algorithm of the study has
   ``backbone: fedavg``), and its one algorithm-side setting. All such algorithms share the one
   backbone per seed, so they must agree on ``pretrain_rounds`` (a ConfigError here otherwise); the
   rest of its settings (``model``, ``fl``, ``dataset``, the seed) are the stage's own params.
 
 - ``data/plan/server_data.json`` = ``{kind: [algorithm, ...]}``: the server data the study's
-  classification methods declare (``fedpipe.pipeline.server_data.needed_kinds``), which is all the
+  classification methods declare (``fedpipe.pipeline.server_inputs.needed_kinds``), which is all the
   ``server_data@<seed>`` stages read of ``study`` and ``algorithms``: they depend on this file, so an
   edit to another setting of a method (its learning rate) does not re-run them.
 - ``data/plan/code/<stage>.json``, one per script of ``stages/``: the files of the project that the
-  script imports, with their MD5 (:mod:`fedpipe.pipeline.code`). Each stage depends on its own file
-  instead of listing the code as deps, which kept ``dvc.lock`` small; the ``always_changed`` plan
-  stage re-hashes the code on every run, so an edit re-runs exactly the stages that import it.
+  script imports, with their MD5 (:mod:`fedpipe.pipeline.code`); a training stage has one file per
+  method instead (``data/plan/code/federate/<algorithm>.json``: the stage's code and its method's).
+  Each stage depends on its own file instead of listing the code as deps, which kept ``dvc.lock``
+  small; the ``always_changed`` plan stage re-hashes the code on every run, so an edit re-runs
+  exactly the stages that import it.
 
 A skipped stage still runs (a second or two) and writes placeholders: :mod:`fedpipe.pipeline.skip`.
 """
@@ -48,12 +51,11 @@ from fedpipe.config.core import ConfigError, build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, write_json
 from fedpipe.pipeline.code import write_stage_code
-from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN
+from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN, SERVER_DATA_PLAN
 
 DDPM_TRACK_PLAN = Path("data/federate_ddpm/plan.json")
 DIFFUSION_STAGES = ("feature_extractor", "warmup", "generate", "aux_quality")
 INPUTS_DIR = Path("data/plan/inputs")
-SERVER_DATA_PLAN = Path("data/plan/server_data.json")
 FILE_FIELDS = ("backbone",)
 """Config fields that may name an input file (``<path>.safetensors``); read as federate does
 (``fedpipe.pipeline.federate.backbone_of``)."""
@@ -62,7 +64,7 @@ FILE_FIELDS = ("backbone",)
 def uses_diffusion(params: dict[str, Any], kinds: dict[str, list[str]] | None = None) -> bool:
     """Whether the study uses the diffusion side: a diffusion-track method, or generated server data
     (``kinds``: the study's ``needed_kinds``, when the caller has them already)."""
-    from fedpipe.pipeline.server_data import GENERATED_KINDS, needed_kinds
+    from fedpipe.pipeline.server_inputs import GENERATED_KINDS, needed_kinds
 
     study = build(StudyConfig, params.get("study"), "study")
     kinds = needed_kinds(params) if kinds is None else kinds
@@ -115,6 +117,13 @@ def backbone_users(params: dict[str, Any]) -> tuple[list[str], int | None]:
     return users, rounds
 
 
+def backbone_plan(params: dict[str, Any]) -> dict[str, Any]:
+    """What ``data/plan/backbone.json`` holds: whether the backbone stage runs, for which algorithms,
+    with their common ``pretrain_rounds`` (:func:`backbone_users`)."""
+    users, rounds = backbone_users(params)
+    return {"run": bool(users), "pretrain_rounds": rounds, "users": users}
+
+
 def check_study(params: dict[str, Any]) -> StudyConfig:
     """The study against the registries (ConfigError otherwise): its graph, both tracks' algorithm
     names and the ``algorithms`` sections (:mod:`fedpipe.algorithms`), its corruption names and
@@ -137,16 +146,16 @@ def check_study(params: dict[str, Any]) -> StudyConfig:
 
 def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
     """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
-    from fedpipe.pipeline.server_data import needed_kinds
+    from fedpipe.pipeline.server_inputs import needed_kinds
 
     root = Path(root)
     study = check_study(params)
     kinds = needed_kinds(params)  # what server_data@<seed> writes (validated: a ConfigError here)
     run = uses_diffusion(params, kinds)
     inputs = input_files(params, root)
-    users, rounds = backbone_users(params)
+    backbone = backbone_plan(params)
     write_json(root / DIFFUSION_PLAN, {"run": run})
-    write_json(root / BACKBONE_PLAN, {"run": bool(users), "pretrain_rounds": rounds})
+    write_json(root / BACKBONE_PLAN, backbone)
     write_json(root / DDPM_TRACK_PLAN, {"algorithms": list(study.diffusion_algorithms),
                                         "seeds": list(study.seeds)})
     folder = root / INPUTS_DIR  # a folder output, also when empty: exactly this study's algorithms
@@ -156,6 +165,8 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
     for name, files in inputs.items():
         write_json(folder / f"{name}.json", files)
     write_json(root / SERVER_DATA_PLAN, kinds)
-    write_stage_code(root)
+    from fedpipe.algorithms import ALGORITHMS
+
+    write_stage_code(root, study=study, methods=ALGORITHMS)
     return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
-            "inputs": inputs, "backbone": users}
+            "inputs": inputs, "backbone": backbone["users"]}

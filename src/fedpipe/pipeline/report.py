@@ -58,6 +58,7 @@ from fedpipe.claims import (
     study_papers,
     summary,
 )
+from fedpipe.config.dataset import STAND_IN_NOTE
 from fedpipe.config.fl import StudyConfig
 from fedpipe.errors import InputError
 from fedpipe.io import read_json_input, read_table, save_figure, write_csv, write_json, write_text
@@ -412,11 +413,13 @@ def plots_section(study: StudyConfig, out: Path, data_dir: Path) -> list[str]:
 def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERATE_DDPM_DIR,
                  evaluate_dir: str | Path = EVALUATE_DIR,
                  out_dir: str | Path = REPORT_DIR,
-                 algorithms: dict[str, Any] | None = None) -> ReportOutputs:
+                 algorithms: dict[str, Any] | None = None, stand_in: bool = False) -> ReportOutputs:
     """The report of ``study``; ``algorithms`` (the params section) tells PerAda's Table 1 section
-    which FedSim / FedAlt variant ran."""
+    which FedSim / FedAlt variant ran. ``stand_in``: the study ran on stand-in data
+    (``dataset.stand_in``), which the report, the claims table and claims.json say first."""
     out = Path(out_dir)
-    lines = [f"# Study {study.name}: {title}", ""]
+    note = [f"> **{STAND_IN_NOTE}** (dataset.stand_in: true)", ""] if stand_in else []
+    lines = [f"# Study {study.name}: {title}", "", *note]
     summary_: dict[str, dict[str, float]] = {}
     written: list[Path] = []
     tracks: dict[str, dict] = {"diffusion": {}, "classification": {}}
@@ -445,12 +448,13 @@ def build_report(study: StudyConfig, title: str, ddpm_root: str | Path = FEDERAT
     lines += plots_section(study, out, Path(evaluate_dir).parent)
     text = "\n".join(lines)
     write_text(out / "report.md", text)
-    write_text(out / "claims.md", f"# Study {study.name}: claims\n\n" + "\n".join(table))
-    write_json(out / "claims.json", claims_metrics(results))
+    write_text(out / "claims.md", f"# Study {study.name}: claims\n\n" + "\n".join(note + table))
+    write_json(out / "claims.json", {**claims_metrics(results),
+                                     **({"stand_in": STAND_IN_NOTE} if stand_in else {})})
     write_json(out / "metrics.json", {
         "diffusion": summary_,
         "classification": {a: {k: m[k] for k in ("test_accuracy", "test_accuracy_std") if k in m}
                            for a, m in cls.items()},
-        "claims": summary(results)})
+        "claims": summary(results), **({"stand_in": True} if stand_in else {})})
     written += [out / "report.md", out / "claims.md", out / "claims.json", out / "metrics.json"]
     return ReportOutputs(text, summary_, results, written)

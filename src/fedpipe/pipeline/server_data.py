@@ -19,44 +19,9 @@ from typing import Any
 
 import torch
 
-from fedpipe.algorithms import (
-    ALGORITHMS,
-    algorithm_config,
-    check_algorithm_sections,
-    check_algorithms,
-)
 from fedpipe.config import ConfigError
-from fedpipe.config.core import build, check_sections
-from fedpipe.config.fl import StudyConfig
-from fedpipe.data import ClientData
-from fedpipe.fl import ServerData
-from fedpipe.io import check_input, load_tensors, md5_file, read_json_input, save_tensors, write_json
-
-SERVER_DATA_DIR = Path("data/server_data")
-GENERATED_KINDS = ("aux", "distill")
-"""The kinds written from the generated auxiliary set (the others come from real datasets)."""
-MANIFEST = "manifest.json"
-
-
-def needed_kinds(params: dict[str, Any]) -> dict[str, list[str]]:
-    """{kind: the study's classification algorithms that need it} (validated, no data loaded)."""
-    check_sections(params)
-    study = build(StudyConfig, params.get("study"), "study")
-    check_algorithms(study.algorithms, "study.algorithms")
-    algos = check_algorithm_sections(params.get("algorithms"))
-    kinds: dict[str, list[str]] = {}
-    for name in study.algorithms:
-        kind = ALGORITHMS[name].server_data_kind(algorithm_config(name, algos.get(name)))
-        if kind != "none":
-            kinds.setdefault(kind, []).append(name)
-    generated = sorted(set(kinds) & set(GENERATED_KINDS))
-    if generated and study.server_data_from != "generate":
-        users = ", ".join(n for k in generated for n in kinds[k])
-        raise ConfigError("study.server_data_from", study.server_data_from,
-                          f"generate: {users} read the generated auxiliary set (server_data "
-                          f"{', '.join(generated)}; study.diffusion_seeds must then be study.seeds)")
-    return kinds
-
+from fedpipe.io import check_input, load_tensors, md5_file, save_tensors, write_json
+from fedpipe.pipeline.server_inputs import MANIFEST, SERVER_DATA_DIR
 
 
 def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
@@ -98,25 +63,16 @@ def write_server_data(kinds: dict[str, list[str]], aux_path: str | Path,
     return manifest
 
 
-def check_server_data(kind: str, root: str | Path = SERVER_DATA_DIR, stage: str = "server_data"
-                      ) -> None:
-    """The server data of ``kind`` is there and readable (InputError naming `dvc repro <stage>`
-    otherwise); called before any compute by the federate stage of a method that declares it."""
-    check_input(Path(root) / f"{kind}.safetensors", stage, ("images", "labels"))
-
-
 def public_split(params: dict[str, Any]):
     """The training split of ``dataset.public_dataset``, read from the dataset root (never
     downloaded); its image shape must be the study dataset's."""
     from fedpipe.config import dataset_config
+    from fedpipe.config.dataset import public_dataset_config
     from fedpipe.data import load_dataset
 
     own = dataset_config(params.get("dataset"))
     name = own.public_dataset
-    if name is None:
-        raise ConfigError("dataset.public_dataset", None,
-                          "a torchvision dataset name (the public server data)")
-    other = load_dataset(dataset_config({"name": name, "root": getattr(own, "root", "data/raw")}))
+    other = load_dataset(public_dataset_config(own))  # a stand-in when the study's data is one
     mine = load_dataset(own)
     if other.meta.shape != mine.meta.shape:
         raise ConfigError("dataset.public_dataset", name,
@@ -124,15 +80,3 @@ def public_split(params: dict[str, Any]):
     return other.train
 
 
-def load_server_data(kind: str, who: str, root: str | Path = SERVER_DATA_DIR,
-                     stage: str = "server_data") -> ServerData:
-    """The server data of ``kind`` written by the stage ``stage`` into ``root`` (``who`` needs it)."""
-    path = Path(root) / f"{kind}.safetensors"
-    check_server_data(kind, root, stage)
-    t = load_tensors(path, stage)
-    labelled = bool((t["labels"] >= 0).all())
-    manifest = Path(root) / MANIFEST
-    info = (read_json_input(manifest, stage).get("kinds", {}).get(kind, {}) if manifest.is_file()
-            else {})
-    return ServerData(kind, ClientData(t["images"], t["labels"]), labelled,
-                      info.get("source", str(path)))

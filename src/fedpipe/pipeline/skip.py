@@ -16,6 +16,7 @@ from fedpipe.io import SKIPPED_KEY, read_json_input, save_tensors, write_csv, wr
 
 DIFFUSION_PLAN = Path("data/plan/diffusion.json")
 BACKBONE_PLAN = Path("data/plan/backbone.json")
+SERVER_DATA_PLAN = Path("data/plan/server_data.json")
 SKIPPED_FILE = "SKIPPED.json"  # what a placeholder folder holds
 
 
@@ -102,4 +103,3 @@ def skip_if_unused(stage: str, plan: str | Path = DIFFUSION_PLAN,
         write_placeholder(out, reason)
     print(f"{stage}: skipped, not used by this study ({plan})")
     return True
-

@@ -53,6 +53,7 @@ from fedpipe.io import (
 from fedpipe.pipeline.diffusion import (
     WARMUP_DIR,
     DiffusionStageConfig,
+    client_path,
     make_task,
     make_unet,
     params_fingerprint,
@@ -80,10 +81,6 @@ class WarmupOutputs:
     trained: list[int]  # clients trained in this call (the others were resumed)
     metrics: dict[str, float]
     inputs: dict[str, str]
-
-
-def client_path(models_dir: str | Path, client_id: int) -> Path:
-    return Path(models_dir) / f"client_{client_id:03d}.safetensors"
 
 
 def local_config(cfg: WarmupConfig) -> LocalTrainConfig:
