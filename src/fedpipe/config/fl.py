@@ -81,7 +81,11 @@ class FLConfig:
     evaluation every ``eval_every`` rounds; a checkpoint every ``checkpoint_every`` rounds, and
     after any round that ends ``checkpoint_seconds`` or more after the last checkpoint (0 = by
     rounds only), so that a killed run loses at most that much work;
-    ``executor`` runs the clients' work (``serial``; ``ray``: Ray tasks, set up by ``ray``)."""
+    ``executor`` runs the clients' work (``serial``; ``ray``: Ray tasks, set up by ``ray``);
+    ``divergence_factor``: a client's local loss more than this many times (in magnitude) the
+    initial model's loss (measured on round 1's clients before they train, kept in the checkpoint)
+    stops the run as diverged, like a non-finite loss does (:func:`fedpipe.fl.engine.guard_growth`,
+    whose docstring gives the margins the default was chosen with)."""
 
     rounds: int = 20
     participation: float = 1.0
@@ -90,6 +94,7 @@ class FLConfig:
     checkpoint_every: int = 5
     checkpoint_seconds: float = 60.0
     executor: str = "serial"
+    divergence_factor: float = 1.0e4
     local: LocalTrainConfig = field(default_factory=LocalTrainConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -104,6 +109,9 @@ class FLConfig:
         check(0 <= self.checkpoint_seconds < float("inf"), f"{p}.checkpoint_seconds",
               self.checkpoint_seconds, "a number of seconds >= 0 (0 = checkpoint by rounds only)")
         one_of(f"{p}.executor", self.executor, EXECUTORS)
+        check(1 < self.divergence_factor < float("inf"), f"{p}.divergence_factor",
+              self.divergence_factor, "a finite number > 1 (a local loss this many times the "
+              "initial loss stops the run as diverged)")
 
     def clients_per_round(self, num_clients: int) -> int:
         return max(round(num_clients * self.participation), 1)

@@ -1,5 +1,7 @@
 """The round loop (*how* rounds run): client selection, per-client payloads and state, executors,
-evaluation (global and personal models), checkpoints, resume, and the divergence guard.
+evaluation (global and personal models), checkpoints, resume, and the divergence guard (a non-finite
+loss or update, or a local loss more than ``fl.divergence_factor`` times the initial model's loss:
+:func:`guard_growth`).
 
 One round (round protocol v2, docs/architecture.md):
 
@@ -38,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -60,13 +62,17 @@ from fedpipe.fl.state import (
     unflatten_groups,
 )
 from fedpipe.fl.strategy import RoundInfo, Score, ServerData, Strategy, uniform_selection
-from fedpipe.io import load_tensors, read_tensors, save_tensors, set_aside
+from fedpipe.io import read_tensors, save_tensors, set_aside
 from fedpipe.rng import numpy_rng, torch_generator
 
 log = logging.getLogger(__name__)
 
 SERVER_FILE = "server.safetensors"
 CLIENTS_DIR = "clients"
+CLIENT_FILE = re.compile(r"(?P<client>\d+)-r(?P<round>\d+)\.safetensors")
+"""A client's state file: ``<client id>-r<round after which it was saved>.safetensors``."""
+OWNER_KEY = "fedpipe.client"
+"""Metadata key of a client's state file: {"client": id, "round": round} (its owner)."""
 
 Evaluate = Callable[[ServerState, dict[int, Weights] | None], dict[str, Any]]
 
@@ -115,7 +121,7 @@ class ClientStore:
     def get(self, cid: int) -> ClientState:
         if cid not in self.states and cid in self.files:
             name = self.files[cid]  # "" = an empty state (nothing written)
-            state = read_client_file(self.directory / name) if name else {}
+            state = read_client_file(self.directory / name, cid) if name else {}
             self.states[cid] = groups_to(state, self.device)
         return self.states[cid]
 
@@ -133,9 +139,9 @@ class ClientStore:
             if not any(self.states[cid].values()):
                 self.files[cid] = ""
                 continue
-            name = f"{cid}-r{round_done}.safetensors"
+            name = client_file_name(cid, round_done)
             save_tensors(self.directory / name, flatten_groups(self.states[cid]),
-                         {"fedpipe.client": json.dumps({"client": cid, "round": round_done})})
+                         {OWNER_KEY: json.dumps({"client": cid, "round": round_done})})
             self.files[cid] = name
         self.dirty.clear()
         return dict(self.files)
@@ -149,7 +155,7 @@ class ClientStore:
             return
         keep = set(self.files.values())
         for f in self.directory.iterdir():
-            if re.fullmatch(r"\d+-r\d+\.safetensors", f.name) and f.name not in keep:
+            if CLIENT_FILE.fullmatch(f.name) and f.name not in keep:
                 f.unlink()
 
 
@@ -161,12 +167,40 @@ def groups_to(groups: dict[str, Weights], device: torch.device | None) -> dict[s
     return {g: {k: v.to(device) for k, v in w.items()} for g, w in groups.items()}
 
 
-def read_client_file(path: Path) -> ClientState:
-    """A client's state file, verified against its content hash and finite (InputError otherwise)."""
-    state = unflatten_groups(load_tensors(path))
+def client_file_name(cid: int, round_done: int) -> str:
+    """The file of client ``cid``'s state as it was after round ``round_done``."""
+    return f"{cid}-r{round_done}.safetensors"
+
+
+def read_client_file(path: Path, cid: int | None = None) -> ClientState:
+    """A client's state file, verified against its content hash and finite, and, read for client
+    ``cid``'s slot, owned by that slot: the client and round its metadata records (written with the
+    state, under the same hash) are the ones its name gives, and the name is client ``cid``'s. A
+    file copied or renamed into another client's slot, or another round's, is an InputError like a
+    corrupt one: a resume never trains a client on another client's (or round's) state."""
+    tensors, meta = read_tensors(path)
+    if cid is not None:
+        problem = _owner_problem(path.name, meta, cid)  # meta: the object under OWNER_KEY
+        if problem is not None:
+            raise InputError(path, problem, None)
+    state = unflatten_groups(tensors)
     if not _extras_finite(state):
         raise InputError(path, "holds non-finite values", None)
     return state
+
+
+def _owner_problem(name: str, owner: Any, cid: int) -> str | None:
+    """Why the file ``name`` with recorded owner ``owner`` ({"client", "round"}) cannot be client
+    ``cid``'s state (None: it can)."""
+    match = CLIENT_FILE.fullmatch(name)
+    if match is None or int(match["client"]) != cid:
+        return f"is not a state file of client {cid} (its name should be {cid}-r<round>.safetensors)"
+    if not isinstance(owner, dict) or "client" not in owner or "round" not in owner:
+        return "records no owner (client and round): not a state file this pipeline wrote"
+    if (owner["client"], owner["round"]) != (cid, int(match["round"])):
+        return (f"holds the state of client {owner['client']} after round {owner['round']}, not of "
+                f"client {cid} after round {match['round']} (copied or renamed into this slot)")
+    return None
 
 
 @dataclass
@@ -185,13 +219,15 @@ class RunResult:
 # -- checkpoints -------------------------------------------------------------------------------
 def save_checkpoint(directory: Path, round_done: int, state: ServerState, store: ClientStore,
                     history: list[dict], fingerprint: str,
-                    client_history: list[dict] | None = None) -> None:
-    """Client files first, then the server file naming them (each atomic), then old files go."""
+                    client_history: list[dict] | None = None, scale: Scale | None = None) -> None:
+    """Client files first, then the server file naming them (each atomic), then old files go.
+    ``scale``, the divergence guard's (:func:`initial_scale`), is kept so that a resumed run is
+    measured against the same loss."""
     manifest = store.save(round_done)
     tensors = {f"w/{k}": v for k, v in state.weights.items()} | flatten_groups(state.extra, "x/")
     meta = {"round": round_done, "history": history, "fingerprint": fingerprint,
             "server_meta": state.meta, "clients": {str(c): f for c, f in manifest.items()},
-            "client_history": client_history or []}
+            "client_history": client_history or [], "scale": list(scale) if scale else None}
     save_tensors(directory / SERVER_FILE, tensors, {"fedpipe.checkpoint": json.dumps(meta)})
     store.prune()
 
@@ -216,17 +252,21 @@ def load_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore]:
 def _readable_checkpoint(directory: Path) -> tuple[dict, ServerState, ClientStore] | None:
     """The checkpoint in ``directory`` (None if there is none). One that cannot be resumed (a
     truncated, corrupt or non-finite server or client file, bytes that do not match the hash they
-    were written with, a manifest naming a missing file) is set aside (the folder renamed to
-    ``<name>.corrupt-<time>``, with one log line naming the file) and the run starts fresh: a bad
-    checkpoint is never resumed, and never blocks its stage. Every client file is read once here
-    (then dropped: states are loaded again when needed)."""
+    were written with, a manifest naming a missing file, a client file that is not its slot's
+    client's state after the round its name gives: swapped, copied or renamed) is set aside (the
+    folder renamed to ``<name>.corrupt-<time>``, with one log line naming the file) and the run
+    starts fresh: a bad checkpoint is never resumed, and never blocks its stage. Every client file
+    is read once here (then dropped: states are loaded again when needed)."""
     if not (directory / SERVER_FILE).is_file():
         return None
     try:
         meta, state, store = load_checkpoint(directory)
-        for name in store.files.values():
+        for cid, name in store.files.items():
             if name:
-                read_client_file(directory / CLIENTS_DIR / name)
+                read_client_file(directory / CLIENTS_DIR / name, cid)
+                if int(CLIENT_FILE.fullmatch(name)["round"]) > int(meta["round"]):
+                    raise InputError(directory / CLIENTS_DIR / name, "is from a round after the "
+                                     f"checkpoint's ({meta['round']})", None)
         return meta, state, store
     except Exception as e:  # noqa: BLE001 (any unreadable part: InputError, KeyError, ...)
         what = str(e) if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
@@ -258,6 +298,69 @@ def _guard_losses(updates: Sequence[ClientUpdate], round_: int, hint: str = "") 
         if not np.isfinite(loss):
             raise DivergenceError(f"diverged: round {round_ + 1}, client {u.client_id}: "
                                   f"non-finite local loss ({loss}); {hint}")
+
+
+class Scale(NamedTuple):
+    """What :func:`guard_growth` measures a local loss against: a loss and what it was."""
+
+    loss: float
+    what: str
+
+
+def initial_scale(strategy: Strategy, executor: Executor, payloads: dict[int, Any],
+                  jobs: Sequence[tuple[int, ClientState, ClientData]], seed: int) -> Scale | None:
+    """The initial model's mean task loss on round 1's clients (``strategy.probe`` on each one's
+    first ``local.batch_size`` samples: one batch's memory and time, once per run), weighted by
+    samples; None when there is nothing finite and non-zero to measure. The guard's scale: a run
+    whose loss explodes within round 1 and then sits at chance (a 4-client FedAvg at lr 3 on
+    digits: 2.3 at the start, 6e12 in round 1, 1.4 after) is caught in round 1, which a scale taken
+    from round 1's own loss would miss."""
+    size = max(int(getattr(strategy.local, "batch_size", 1)), 1)
+    heads = [(c, st, d if len(d) <= size else ClientData(d.x[:size], d.y[:size], d.skew))
+             for c, st, d in jobs]
+    if not heads:
+        return None
+    reports = executor.probe(strategy, payloads, heads, seed)
+    weights = np.array([len(d) for _, _, d in heads], dtype=np.float64)
+    losses = np.array([reports[c].get("loss", np.nan) for c, _, _ in heads], dtype=np.float64)
+    loss = float((weights * losses).sum() / weights.sum()) if weights.sum() > 0 else float("nan")
+    return Scale(loss, "the initial model's loss on round 1's clients") if (
+        np.isfinite(loss) and loss != 0) else None
+
+
+def first_loss(history: Sequence[dict[str, float]]) -> Scale | None:
+    """The run's first recorded training loss (None before one): the scale of :func:`guard_growth`
+    where the initial loss is unknown (a checkpoint written before it was recorded)."""
+    for rec in history:
+        if "train_loss" in rec and np.isfinite(rec["train_loss"]) and rec["train_loss"] != 0:
+            return Scale(float(rec["train_loss"]),
+                         f"the first training loss, round {int(rec['round'])}")
+    return None
+
+
+def guard_growth(updates: Sequence[ClientUpdate], round_: int, scale: Scale | None,
+                 factor: float, hint: str = "", section: str = "fl") -> None:
+    """A local loss more than ``factor`` times (in magnitude) the run's ``scale`` (its initial
+    loss, :func:`initial_scale`): stop, naming the round, the client whose loss is largest, and the
+    settings in play. A run whose loss grows to 1e28 but stays finite (FedAvg on digits with SGD lr
+    3) is as diverged as one whose loss is NaN, and never passes as a result.
+
+    The default ``fl.divergence_factor`` (1e4) was measured: the largest local loss of any client
+    in any round over the initial loss, at each study's own settings on digits, was 0.75 for the
+    default study's fedavg, fedprox, scaffold and feddyn (seeds 0-4), 1.07 for equitable_smoke's 7
+    methods (seeds 0-1), 1.11 for fedptr_smoke's (seed 0) but feddc's 3.9 (its penalty terms, round
+    20), 0.99 for fednh_smoke's 10 and 0.59 for fedddpm_smoke's diffusion-track fedavg, fedprox,
+    scaffold and mofedsam (60 rounds): 2,500 times below the bound or more. FedAvg at lr 3 passes it
+    in round 1 (1e8 to 1e12 times the initial loss)."""
+    if scale is None:
+        return
+    bound = factor * abs(scale.loss)
+    loss, cid = max(((abs(u.metrics.get("loss", 0.0)), u.client_id) for u in updates),
+                    default=(0.0, -1))
+    if loss > bound:
+        raise DivergenceError(
+            f"diverged: round {round_ + 1}, client {cid}: local loss {loss:.4g} is more than "
+            f"{section}.divergence_factor={factor:g} times {scale.what} ({scale.loss:.4g}); {hint}")
 
 
 def _extras_finite(groups: dict[str, Weights]) -> bool:
@@ -330,6 +433,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
     per_round = fl.clients_per_round(len(train))
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start, history, client_history = 0, [], []
+    scale: Scale | None = None  # the guard's scale (initial_scale), measured in round 1
     state = strategy.init_server(model)
     store = ClientStore(ckpt / CLIENTS_DIR if ckpt is not None else None)
     saved = _readable_checkpoint(ckpt) if ckpt is not None else None
@@ -337,6 +441,7 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         meta, saved_state, saved_store = saved
         if meta.get("fingerprint") == fingerprint:
             start, history = int(meta["round"]), list(meta["history"])
+            scale = Scale(*meta["scale"]) if meta.get("scale") else first_loss(history)
             client_history = list(meta.get("client_history", []))
             state, store = saved_state, saved_store
             device = module_device(model)  # the run's device (a checkpoint is read on the CPU)
@@ -374,10 +479,13 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
                                            numpy_rng(seed, "client-sampling", r), probe_for(state, r))
         selected = sorted(int(c) for c in selected)
         payloads = {cid: strategy.payload(state, r, cid) for cid in selected}
-        results = executor.run(strategy, payloads,
-                               [(cid, client_state(cid), train[cid]) for cid in selected], seed)
+        jobs = [(cid, client_state(cid), train[cid]) for cid in selected]
+        if r == 0:  # the loss a diverging run is measured against, before any training
+            scale = initial_scale(strategy, executor, payloads, jobs, seed)
+        results = executor.run(strategy, payloads, jobs, seed)
         updates = tuple(u for u, _, _ in results)
         _guard_losses(updates, r, hint)
+        guard_growth(updates, r, scale, fl.divergence_factor, hint, section)
         for cid, (_, cstate, _) in zip(selected, results, strict=True):
             store.put(cid, cstate)
         rnd = RoundInfo(index=r, total=fl.rounds, seed=seed, updates=updates,
@@ -416,7 +524,8 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
         due = (r + 1) % fl.checkpoint_every == 0 or (
             fl.checkpoint_seconds > 0 and time.monotonic() - saved_at >= fl.checkpoint_seconds)
         if ckpt is not None and (due or last):
-            save_checkpoint(ckpt, r + 1, state, store, history, fingerprint, client_history)
+            save_checkpoint(ckpt, r + 1, state, store, history, fingerprint, client_history,
+                            scale)
             saved_at = time.monotonic()
         if stopped or interrupted:
             break

@@ -117,6 +117,29 @@ def check_db(uri: str) -> None:
                          "aside (a new one is made) or set FEDPIPE_TRACKING=off", None)
 
 
+def check_writable(uri: str) -> None:
+    """A ``sqlite:///`` tracking database (or, before it exists, its folder) that this process may
+    not write (a read-only file, folder or file system) is an InputError naming it and what to do,
+    before MLflow's ``attempt to write a readonly database`` traceback could."""
+    from fedpipe.tracking.locations import sqlite_path
+
+    db = sqlite_path(uri)
+    if db is None or not db.parent.is_dir():
+        return
+    kw = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
+    if db.exists() and not os.access(db, os.W_OK, **kw):
+        where = "the file is read-only"
+    elif not os.access(db.parent, os.W_OK, **kw):  # SQLite writes its journal and lock beside it
+        where = f"its folder {db.parent} is read-only"
+    else:
+        return
+    from fedpipe.errors import InputError
+
+    raise InputError(db, f"the tracking database cannot be written ({where}); make it writable "
+                     "(chmod u+w), point MLFLOW_TRACKING_URI at a writable one, or set "
+                     "FEDPIPE_TRACKING=off", None)
+
+
 def tracking_enabled() -> bool:
     return os.environ.get("FEDPIPE_TRACKING", "on").lower() not in ("off", "0", "false", "no")
 

@@ -10,7 +10,9 @@ table, since MLflow 3 opens on its GenAI home page, and of its compare view: two
 keeps on that experiment (:func:`view_states`, through MLflow's own shared-view mechanism: an
 experiment tag the UI loads by its key). Spooled runs that no stage replayed yet (a
 pipeline stopped before its report, a stage still running) are replayed first
-(:func:`fedpipe.tracking.sync.sync_pending`; a running stage's file is left to it).
+(:func:`fedpipe.tracking.sync.sync_pending`; a running stage's file is left to it). A database
+that cannot be read (garbage, truncated) or written (a read-only file or folder), or a replay that
+the store stops, ends it with one line naming the file and what to do, and exit code 1.
 """
 
 from __future__ import annotations
@@ -19,8 +21,17 @@ import contextlib
 import os
 import sys
 
-from fedpipe.tracking import _db_lock, experiment_name, sqlite_db, tracking_uri
+from fedpipe.errors import InputError
+from fedpipe.tracking import (
+    _db_lock,
+    check_db,
+    check_writable,
+    experiment_name,
+    sqlite_db,
+    tracking_uri,
+)
 from fedpipe.tracking.locations import relocate, sqlite_path
+from fedpipe.tracking.sync import ReplayError
 
 
 def prepare(uri: str) -> list[str]:
@@ -137,26 +148,52 @@ def view_url(runs_url: str, key: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Check the database, move its locations, replay the spool, store the views, then become
+    ``mlflow ui``. A database that cannot be read or written, or a replay the store stops, ends
+    here with one line naming the file and what to do (exit code 1), never a traceback."""
     argv = sys.argv[1:] if argv is None else argv
     uri = tracking_uri()
     if sqlite_path(uri) is None:
         sys.exit(f"error: MLFLOW_TRACKING_URI={uri} is a server: open it in a browser instead")
     uri = f"sqlite:///{sqlite_path(uri).resolve()}"
-    for line in prepare(uri):  # before the sync, which would move them without a word
-        print(line, flush=True)
+    try:
+        _prepare_ui(uri, argv)
+    except (InputError, ReplayError) as e:
+        sys.exit(f"error: {e}")
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *argv]
+    os.execv(sys.executable, cmd)
+
+
+def _prepare_ui(uri: str, argv: list[str]) -> None:
+    """Everything before the UI starts: the database checked, its locations moved, the spool
+    replayed, the views stored and their addresses printed. The database's problems raise
+    InputError, the store's ReplayError."""
+    import sqlite3
+
     from fedpipe.tracking.sync import sync_pending
 
-    synced = sync_pending(uri)  # the stages' spooled runs that no report stage replayed yet
+    check_db(uri)  # garbage or truncated: one line naming it
+    check_writable(uri)  # read-only file or folder: likewise
+    try:
+        moved = prepare(uri)
+    except sqlite3.Error as e:  # locked for longer than the wait, or the disk failed
+        raise InputError(sqlite_db(uri), f"its artifact locations cannot be updated ({e}); "
+                         "close what holds it and try again", None) from None
+    for line in moved:  # before the sync, which would move them without a word
+        print(line, flush=True)
+    synced = sync_pending(uri, strict=True)  # the stages' spooled runs no report replayed yet
     if synced:
         print(f"synced {synced} spooled run(s)", flush=True)
     url = runs_table_url(uri, argv)
     if url is not None:
-        write_views(uri)
+        try:
+            write_views(uri)
+        except Exception as e:  # noqa: BLE001 (MLflow's own errors: the store failed)
+            raise ReplayError(f"the views cannot be stored in {sqlite_db(uri)} "
+                              f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
         print(f"the project's runs: {view_url(url, RUNS_KEY)}", flush=True)
         print(f"compare them (charts, grouped by algorithm): {view_url(url, COMPARE_KEY)}",
               flush=True)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, *argv]
-    os.execv(sys.executable, cmd)
 
 
 if __name__ == "__main__":
