@@ -8,6 +8,13 @@ closest known keys (``did you mean fl.rounds?``), instead of Hydra's advice to a
 (which would put an unknown key in params.yaml and fail later, in the first stage that reads it).
 Hydra has no public hook at that step, hence the wrapper; with another Hydra layout it does nothing.
 ``+key=value`` and ``~key`` keep their Hydra meaning.
+
+The same step gives ``algorithms`` its shape (:func:`method_sections`): before the overrides, every
+registered method has a section (``{}`` unless ``conf/`` sets something), so that
+``-S algorithms.<name>.<key>=...`` reaches any method without ``+``; after them, only the sections of
+the study's methods stay. A method's defaults live in its config dataclass alone, and
+``params.yaml`` carries the study's methods, each with what the study changes (DVC's
+``algorithms.<name>`` param of ``federate@<name>-<seed>`` needs the section to exist).
 """
 
 from __future__ import annotations
@@ -55,6 +62,78 @@ def unknown_key_message(cfg: DictConfig, key: str, value: str) -> str | None:
     return f"invalid config: {key}={value}; allowed: {where}{hint}"
 
 
+def method_sections(cfg: DictConfig, names: list[str], keep_study: bool) -> None:
+    """Add an empty ``algorithms.<name>`` section for each of ``names`` that has none; with
+    ``keep_study``, drop every section but those of ``study.algorithms`` and
+    ``study.diffusion_algorithms`` (a study that names an unknown method keeps its sections as they
+    are: the plan's check names it)."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        if "algorithms" not in cfg or cfg.algorithms is None:
+            cfg.algorithms = {}
+        algos = cfg.algorithms
+        if not isinstance(algos, DictConfig):
+            return  # a malformed section: the plan's check names it
+        with open_dict(algos):
+            for name in names:
+                if name not in algos:
+                    algos[name] = {}
+            study = cfg.get("study")
+            if not keep_study or not isinstance(study, DictConfig):
+                return
+            used = [*(study.get("algorithms") or []), *(study.get("diffusion_algorithms") or [])]
+            if not all(isinstance(u, str) for u in used):
+                return
+            for name in list(algos.keys()):
+                if name not in used:
+                    del algos[name]
+
+
+def method_key_message(cfg: DictConfig, key: str, value: str, names: list[str]) -> str | None:
+    """For ``algorithms.<method>.<field>=value``: make the field settable (its dataclass default put
+    in the method's section, where the study's conf/ does not set it) and return None, or return
+    fedpipe's line for a field the method's config does not have (a method not registered is left
+    to :func:`unknown_key_message`)."""
+    parts = key.split(".")
+    if len(parts) < 3 or parts[0] != "algorithms" or parts[1] not in names:
+        return None
+    import dataclasses
+
+    from fedpipe.algorithms import ALGORITHMS
+    from fedpipe.config.fl import INIT_KEYS
+
+    cls = ALGORITHMS[parts[1]]
+    config = cls.config_class
+    fields = {f.name: f for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) \
+        else {}
+    section = cfg.algorithms[parts[1]]
+    field = parts[2]
+    if field in section:
+        return None
+    if field in INIT_KEYS or field in fields:
+        from omegaconf import open_dict
+
+        default = (cls.default_backbone if field == "backbone" else None) if field in INIT_KEYS \
+            else getattr(config(), field)
+        with open_dict(section):
+            section[field] = list(default) if isinstance(default, tuple) else default
+        return None
+    allowed = sorted([*fields, *INIT_KEYS])
+    close = difflib.get_close_matches(field, allowed, n=3, cutoff=0.6)
+    hint = (" (did you mean " + " or ".join(f"algorithms.{parts[1]}.{c}" for c in close) + "?)"
+            if close else ": " + ", ".join(allowed))
+    return f"invalid config: {key}={value}; allowed: a key of algorithms.{parts[1]}{hint}"
+
+
+def _registered() -> list[str]:
+    try:
+        from fedpipe.algorithms.registry import scan
+    except ImportError:  # composed without fedpipe installed: leave the sections as conf/ has them
+        return []
+    return list(scan())
+
+
 def _install() -> None:
     try:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -65,12 +144,17 @@ def _install() -> None:
         return
 
     def checked(overrides, cfg):
+        names = _registered()
+        method_sections(cfg, names, keep_study=False)
         for o in overrides:
             if o.package is None and not (o.is_add() or o.is_force_add() or o.is_delete()):
-                line = unknown_key_message(cfg, o.key_or_group, o.get_value_string())
+                line = method_key_message(cfg, o.key_or_group, o.get_value_string(), names) \
+                    or unknown_key_message(cfg, o.key_or_group, o.get_value_string())
                 if line is not None:
                     raise UnknownKeyError(line)
         apply(overrides, cfg)
+        if names:
+            method_sections(cfg, names, keep_study=True)
 
     checked._fedpipe = True
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(checked)

@@ -125,14 +125,40 @@ def test_committed_params_yaml_is_what_conf_composes(tmp_path):
     assert not differ, f"params.yaml differs from conf/ at {differ[:10]}: run `make params`"
 
 
-def test_every_registered_algorithm_has_its_defaults_in_conf():
-    """A study that names an algorithm needs its `algorithms.<name>` section: each federate stage
-    declares it as a DVC param, and DVC stops at the stage where it is missing ("Parameters
-    'algorithms.fedptr_noproj' are missing from 'params.yaml'", after 30 minutes of a smoke study)."""
+def test_every_study_composes_a_section_for_each_of_its_methods_and_restates_no_default():
+    """A study that names a method needs its `algorithms.<name>` section (each federate stage declares
+    it as a DVC param; DVC stops at the stage where it is missing): composition adds it for every
+    method of the study and keeps no other (hydra_plugins/fedpipe_overrides.py). conf/ sets only
+    what differs from a method's dataclass defaults, the one source of them."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
     from fedpipe.algorithms import ALGORITHMS
 
     repo = Path(__file__).resolve().parents[1]
+    studies = sorted(p.stem for p in (repo / "conf" / "study").glob("*.yaml"))
+    code = ("import sys, json, tempfile, yaml\n"
+            "from dvc.utils.hydra import compose_and_dump\n"
+            "out = {}\n"
+            "for s in sys.argv[1:]:\n"
+            "    f = tempfile.mktemp(suffix='.yaml')\n"
+            f"    compose_and_dump(f, {str(repo / 'conf')!r}, None, 'config', {str(repo)!r}, "
+            "[f'study={s}'])\n"
+            "    p = yaml.safe_load(open(f))\n"
+            "    out[s] = [p['study']['algorithms'] + p['study']['diffusion_algorithms'], "
+            "sorted(p['algorithms'])]\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *studies], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    composed = json.loads(proc.stdout.splitlines()[-1])
+    assert sorted(composed) == studies
+    for study, (methods, sections) in composed.items():
+        assert sorted(set(methods)) == sections, study
     conf = yaml.safe_load((repo / "conf" / "algorithms" / "default.yaml").read_text())
-    params = yaml.safe_load((repo / "params.yaml").read_text())["algorithms"]
-    assert sorted(set(ALGORITHMS) - set(conf)) == [], "add them to conf/algorithms/default.yaml"
-    assert sorted(set(ALGORITHMS) - set(params)) == [], "run `make params`"
+    for name, section in conf.items():
+        defaults = ALGORITHMS[name].config_class()
+        same = [k for k, v in section.items() if dataclasses.is_dataclass(defaults)
+                and getattr(defaults, k, object()) == v]
+        assert not same, f"conf/algorithms/default.yaml restates {name}'s defaults: {same}"

@@ -76,3 +76,49 @@ def test_dvcs_composition_loads_the_filter_of_the_no_hash_info_warning(repo_root
     # in a process that composes nothing (no plugins loaded) the same call shows
     plain = subprocess.run([sys.executable, "-c", setup + emit], capture_output=True, text=True)
     assert "WARNING: No file hash info found for 'data/x'. It won't be created." in plain.stdout
+
+
+def compose(repo_root, tmp_path, *overrides: str) -> dict:
+    """params.yaml as `dvc exp run -S ...` composes it (a fresh process: Hydra loads plugins once)."""
+    import yaml
+
+    out = tmp_path / "p.yaml"
+    code = ("import sys; from dvc.utils.hydra import compose_and_dump\n"
+            f"compose_and_dump({str(out)!r}, {str(repo_root / 'conf')!r}, None, 'config', "
+            f"{str(repo_root)!r}, sys.argv[1:])\n")
+    proc = subprocess.run([sys.executable, "-c", code, *overrides], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return yaml.safe_load(out.read_text())
+
+
+def test_params_carry_the_study_methods_only_each_with_what_the_study_changes(repo_root, tmp_path):
+    """A method's defaults are its dataclass's: the composed algorithms section holds one entry per
+    method of the study ({} when the study changes nothing), and any registered method can be set
+    with -S algorithms.<name>.<key> (no +), also one the study adds on the same command line."""
+    from fedpipe.algorithms import ALGORITHMS
+
+    p = compose(repo_root, tmp_path)
+    study = p["study"]
+    assert set(p["algorithms"]) == set(study["algorithms"] + study["diffusion_algorithms"])
+    assert p["algorithms"]["fedavg"] == {}  # nothing restated from FedAvgConfig
+    assert p["algorithms"]["fedddpm"] == {"server_lr": 2.5e-4, "server_batch_size": 32}
+    p = compose(repo_root, tmp_path, "study.algorithms=[fedavg,fednh]", "study.diffusion_algorithms=[]",
+                "algorithms.fednh.rho=0.5")
+    assert p["algorithms"] == {"fedavg": {}, "fednh": {"rho": 0.5}}
+    assert "fednh" in ALGORITHMS and "rho" in {
+        f.name for f in __import__("dataclasses").fields(ALGORITHMS["fednh"].config_class)}
+
+
+def test_a_misspelt_method_field_gets_the_methods_own_fields(repo_root, tmp_path):
+    code = ("import sys; from dvc.utils.hydra import compose_and_dump\n"
+            "try:\n"
+            f"    compose_and_dump({str(tmp_path / 'p.yaml')!r}, {str(repo_root / 'conf')!r}, None, "
+            f"'config', {str(repo_root)!r}, sys.argv[1:])\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e); sys.exit(3)\n")
+    bad = subprocess.run([sys.executable, "-c", code, "algorithms.fedprox.muu=0.1"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 3, bad.stderr
+    assert bad.stdout.strip() == ("UnknownKeyError invalid config: algorithms.fedprox.muu=0.1; "
+                                  "allowed: a key of algorithms.fedprox (did you mean "
+                                  "algorithms.fedprox.mu?)")
