@@ -366,6 +366,9 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
         "dvc.exp_baseline": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "seed": str(seed),
         "torch.threads": str(torch.get_num_threads()),
+        # dataset.stand_in: the run's numbers measure cost and plumbing only (STAND_IN_NOTE)
+        "fedpipe.stand_in": str(isinstance(study_params.get("dataset"), dict)
+                                and study_params["dataset"].get("stand_in") is True).lower(),
         "fedpipe.workers": os.environ.get("FEDPIPE_WORKERS", "one per core"),
     }
     path = _new_spool_file(uri, stage)
