@@ -110,3 +110,20 @@ def test_a_used_stage_runs_and_clears_its_folder_placeholder(fake_stage):
 def test_without_a_plan_the_stage_runs_as_asked(fake_stage):
     assert skip_if_unused("gen") is False
     assert not (fake_stage / "out").exists()
+
+
+def test_plan_refuses_a_method_on_a_track_it_cannot_train(tmp_path):
+    """FedNH's prototype head on the diffusion track (a UNet) would fail after the warm-up: the plan
+    refuses it with one line naming the key, the method and the methods that can."""
+    from fedpipe.config import ConfigError
+    from fedpipe.pipeline.plan import write_plan
+
+    params = {"study": {"algorithms": ["fedavg"], "diffusion_algorithms": ["fedavg", "fednh"],
+                        "seeds": [0]}, "algorithms": {}}
+    with pytest.raises(ConfigError) as info:
+        write_plan(params, tmp_path)
+    assert info.value.key == "study.diffusion_algorithms[1]" and "fednh" in str(info.value)
+    assert "fedddpm" in str(info.value) and "fedprox" in str(info.value)
+    assert not (tmp_path / "data/plan/diffusion.json").exists()  # refused before writing anything
+    params["study"]["diffusion_algorithms"] = ["fedavg", "scaffold", "mofedsam", "fedddpm"]
+    write_plan(params, tmp_path)

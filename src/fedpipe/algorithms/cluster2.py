@@ -77,6 +77,7 @@ def flat_update(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> t
 
 @register("cluster2")
 class Cluster2(FedProx):
+    tracks = ("classification",)  # not run or tested on the diffusion track (FedProx's is)
     def select_clients(self, state: ServerState, round_: int, available: Sequence[int],
                        per_round: int, rng: np.random.Generator, probe: Probe | None = None
                        ) -> list[int]:

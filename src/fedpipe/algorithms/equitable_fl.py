@@ -113,6 +113,7 @@ def equitable_weights(labels: np.ndarray, num_clusters: int) -> np.ndarray:
 
 @register("equitable_fl")
 class EquitableFL(FedProx):
+    tracks = ("classification",)  # not run or tested on the diffusion track (FedProx's is)
     config_class = EquitableFLConfig
 
     @classmethod

@@ -74,6 +74,7 @@ def local_accuracy(model: torch.nn.Module, data: ClientData, gen: torch.Generato
 
 @register("fairfed")
 class FairFed(FedProx):
+    tracks = ("classification",)  # not run or tested on the diffusion track (FedProx's is)
     config_class = FairFedConfig
 
     def client_update(self, payload: Payload, client_state: ClientState, data: ClientData,

@@ -63,6 +63,7 @@ class FedAvgConfig:
 
 @register("fedavg")
 class FedAvg(KeepsLocalModel):
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
     config_class = FedAvgConfig
     batchable = True  # fl.executor: batched (fedpipe.fl.batched)
 

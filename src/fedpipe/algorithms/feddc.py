@@ -91,6 +91,7 @@ class FedDCConfig:
 
 @register("feddc")
 class FedDC(Strategy):
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
     config_class = FedDCConfig
 
     def init_server(self, model: nn.Module) -> ServerState:

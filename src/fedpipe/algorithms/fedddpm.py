@@ -296,6 +296,7 @@ def with_server_steps(meta: dict[str, Any], metrics: dict[str, float]) -> dict[s
 @register("fedddpm")
 class FedDDPM(Strategy):
     """Algorithm 1: FedAvg, then E epochs on A at lr eta after every aggregation."""
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
 
     config_class = FedDDPMConfig
     batchable = True  # its client step is FedAvg's: fl.executor batched may run it
@@ -316,6 +317,7 @@ class FedDDPM(Strategy):
 class FedDDPMPlus(Strategy):
     """Algorithms 2 and 3: FedAvg; QuickTest every ``test_every`` rounds; when it fires, one correction
     of ``correction_epochs`` epochs on A and the run stops (``meta["stopped_at"]``)."""
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
 
     config_class = FedDDPMPlusConfig
     batchable = True  # its client step is FedAvg's: fl.executor batched may run it
@@ -387,6 +389,7 @@ class AuxOnly(Strategy):
     task loss on A with the clients' local settings (``fl.local``, lr decay included), from the
     current model, generator ``(seed, "server-update", round)``. The round count, evaluation and
     final FID are those of the study's other arms. ``meta["server_steps"]`` counts the steps."""
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
 
     config_class = AuxOnlyConfig
 

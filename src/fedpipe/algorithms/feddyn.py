@@ -71,6 +71,7 @@ class FedDynConfig:
 
 @register("feddyn")
 class FedDyn(Strategy):
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
     config_class = FedDynConfig
 
     def init_server(self, model: nn.Module) -> ServerState:

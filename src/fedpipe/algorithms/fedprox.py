@@ -42,6 +42,7 @@ class FedProxConfig:
 
 @register("fedprox")
 class FedProx(Strategy):
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
     config_class = FedProxConfig
     batchable = True  # fl.executor: batched adds the proximal term in its vectorised step
 

@@ -192,6 +192,7 @@ def sam_grads_fn(params: dict[str, nn.Parameter], rho: float, gen: torch.Generat
 
 @register("mofedsam")
 class MoFedSAM(Strategy):
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
     config_class = MoFedSAMConfig
 
     def init_server(self, model: nn.Module) -> ServerState:

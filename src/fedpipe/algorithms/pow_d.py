@@ -58,6 +58,7 @@ def highest_loss(losses: dict[int, float], r: int) -> list[int]:
 
 @register("pow_d")
 class PowD(FedProx):
+    tracks = ("classification",)  # not run or tested on the diffusion track (FedProx's is)
     config_class = PowDConfig
 
     @classmethod

@@ -146,6 +146,7 @@ def server_step(x: Weights, y_avg: Weights, global_lr: float) -> Weights:
 # -- the strategy -----------------------------------------------------------------------------
 @register("scaffold")
 class Scaffold(Strategy):
+    tracks = ("classification", "diffusion")  # task-agnostic: the task's loss only
     config_class = ScaffoldConfig
     batchable = True  # fl.executor: batched adds c - c_i to the vectorised gradients
 

@@ -171,6 +171,10 @@ class Method:
     """Where the method's model starts unless its params say (``algorithms.<name>.backbone``, read
     by the pipeline for every method: :class:`fedpipe.config.fl.InitConfig`). PerAda, whose backbone
     is frozen: ``fedavg``."""
+    tracks: tuple[str, ...] = ("classification",)
+    """The tracks whose task the method trains: ``classification`` (a classifier, labels), and
+    ``diffusion`` for a method that is task-agnostic (its local and server steps only call the task's
+    loss: FedAvg, FedProx, SCAFFOLD, ...). The plan refuses a method on a track it does not name."""
     needs_client_groups: bool = False
     """Whether the method reads each client's planted group (GIFAIR-FL's oracle groups); the pipeline
     then requires a partition that has them (``label_blocks``)."""

@@ -124,6 +124,22 @@ def backbone_plan(params: dict[str, Any]) -> dict[str, Any]:
     return {"run": bool(users), "pretrain_rounds": rounds, "users": users}
 
 
+def check_tracks(study: StudyConfig) -> None:
+    """Each method of a track trains that track's task (``Strategy.tracks``): a classifier-only
+    method (FedNH's prototype head, say) on the diffusion track is a ConfigError here, before the
+    warm-up runs."""
+    from fedpipe.algorithms import ALGORITHMS
+
+    for key, track, names in (("study.algorithms", "classification", study.algorithms),
+                              ("study.diffusion_algorithms", "diffusion",
+                               study.diffusion_algorithms)):
+        able = sorted(n for n in ALGORITHMS if track in ALGORITHMS[n].tracks)
+        for i, name in enumerate(names):
+            if track not in ALGORITHMS[name].tracks:
+                raise ConfigError(f"{key}[{i}]", name,
+                                  f"a method that trains the {track} task: {', '.join(able)}")
+
+
 def check_study(params: dict[str, Any]) -> StudyConfig:
     """The study against the registries (ConfigError otherwise): its graph, both tracks' algorithm
     names and the ``algorithms`` sections (:mod:`fedpipe.algorithms`), its corruption names and
@@ -136,6 +152,7 @@ def check_study(params: dict[str, Any]) -> StudyConfig:
     study.check_graph()
     check_algorithms(study.algorithms, "study.algorithms")
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
+    check_tracks(study)
     check_algorithm_sections(params.get("algorithms"))
     if study.corruptions:  # the corruptions (and their image libraries) load only when asked for
         from fedpipe.data.corruptions import check_corruption_names
