@@ -105,8 +105,12 @@ def test_resume_matches_uninterrupted(track, tmp_path):
     assert first["final"]["rounds"] == 2
     resumed = run(track, "fedddpm", seed=1)
     assert resumed["final"]["resumed_from"] == 2
+    metrics = (run_dir(root / "fed", "fedddpm", 1) / "metrics.json").read_bytes()
     straight = run(track, "fedddpm", seed=1)  # resumes from the finished checkpoint: same model
     assert resumed["outputs"] == straight["outputs"]
+    # no time or resume point in the DVC-hashed metrics: a resumed run's file is a fresh run's
+    assert (run_dir(root / "fed", "fedddpm", 1) / "metrics.json").read_bytes() == metrics
+    assert b"seconds" not in metrics and b"resumed_from" not in metrics
 
 
 def test_report_mean_std_and_paper_column(track):

@@ -214,8 +214,11 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
              "server_steps": meta.get("server_steps", 0),
              "final_train_loss": result.history[-1].get("train_loss"),  # None: no client trains
              "test_loss": [h for h in result.history if "test_loss" in h][-1]["test_loss"],
-             "train_seconds_now": seconds, "resumed_from": result.resumed_from}
+             }
     write_json(out / "metrics.json", final)
+    # what this process did (seconds, the round it resumed from) differs between a fresh and a
+    # resumed run: MLflow and the log only, never the DVC-hashed metrics.json
+    final = {**final, "train_seconds_now": seconds, "resumed_from": result.resumed_from}
     title = f"{cfg.algorithm} DDPM on {cfg.dataset.name}"
     save_figure(out / "curves.png", plot_history(result.history, title, "test_fid", "FID", "epsilon-MSE"))
     save_figure(out / "samples.png", plot_grid(x, f"{title}: FID {final_fid:.3f} ({len(x)} samples)"))

@@ -122,8 +122,7 @@ def diffusion_summary(runs: dict[str, dict[int, tuple[dict, list]]]) -> tuple[di
         fid = mean_std([m["fid"] for m in ms])
         summary_[algo] = {"fid_mean": fid[0], "fid_std": fid[1], "seeds": len(ms),
                           "stopped_at_mean": float(np.mean([m["stopped_at"] for m in ms])),
-                          "server_steps_mean": float(np.mean([m["server_steps"] for m in ms])),
-                          "train_seconds_mean": float(np.mean([m["train_seconds_now"] for m in ms]))}
+                          "server_steps_mean": float(np.mean([m["server_steps"] for m in ms]))}
         points: dict[float, list[float]] = {}
         for _, hist in by_seed.values():
             for h in hist:
@@ -137,7 +136,7 @@ def diffusion_summary(runs: dict[str, dict[int, tuple[dict, list]]]) -> tuple[di
 
 def diffusion_table(study: StudyConfig, summary_: dict, meta: dict) -> list[str]:
     ref = paper_fid(study.paper_reference) if study.paper_reference else None
-    head = "| algorithm | FID | stop round | server steps | train s |"
+    head = "| algorithm | FID | stop round | server steps |"
     if ref:
         head += f" paper FID ({describe(study.paper_reference)}) |"
     lines = [f"## Diffusion track: FID of the final global model (lower is better; "
@@ -149,8 +148,7 @@ def diffusion_table(study: StudyConfig, summary_: dict, meta: dict) -> list[str]
         cell = mean_pm_std(s["fid_mean"], s["fid_std"], s["seeds"], 3)
         if s["fid_mean"] == best:
             cell = f"**{cell}**"
-        row = (f"| {algo} | {cell} | {s['stopped_at_mean']:.0f} | {s['server_steps_mean']:.0f} | "
-               f"{s['train_seconds_mean']:.1f} |")
+        row = f"| {algo} | {cell} | {s['stopped_at_mean']:.0f} | {s['server_steps_mean']:.0f} |"
         if ref:
             paper = f"{ref[algo]:.3f}" if algo in ref else ""
             if algo == "fedddpm_plus" and paper:

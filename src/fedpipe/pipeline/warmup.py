@@ -259,8 +259,10 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
     bar.close()
     trained.sort()
     complete = len(losses) == len(clients)
-    metrics = {"clients": float(len(clients)), "clients_trained_now": float(len(trained)),
-               "train_seconds_now": seconds,
+    # metrics.json holds what the models determine; what this process did (its clients and seconds,
+    # which differ between a fresh and a resumed run) goes to MLflow and the log only, so that a
+    # fresh run's outputs hash as the committed dvc.lock says
+    metrics = {"clients": float(len(clients)),
                "final_loss_mean": float(np.mean([ls[-1] for ls in losses.values()])) if losses else 0.0}
     if complete:  # the stage's output: every client's model, copied from the resume folder
         models_dir.mkdir(parents=True, exist_ok=True)
@@ -273,4 +275,5 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
         save_figure(out / "losses.png", plot_losses(losses, f"warm-up DDPMs on {cfg.dataset.name}"))
         write_json(out / "metrics.json", metrics)
         log.info("warm-up: %d clients (%d trained now, %.1f s)", len(clients), len(trained), seconds)
+    metrics = {**metrics, "clients_trained_now": float(len(trained)), "train_seconds_now": seconds}
     return WarmupOutputs(out, losses, trained, metrics, {str(partition_path): md5_file(partition_path)})
