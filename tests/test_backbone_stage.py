@@ -97,7 +97,7 @@ def tiny_params(pretrain_rounds=2) -> dict:
     p["study"] |= {"algorithms": ["fedavg", "perada_nokd", "perada"], "seeds": [1],
                    "diffusion_seeds": [1]}
     for a in ("perada", "perada_nokd"):
-        p["algorithms"][a] |= {"backbone": "fedavg", "pretrain_rounds": pretrain_rounds}
+        p["algorithms"].setdefault(a, {}).update(backbone="fedavg", pretrain_rounds=pretrain_rounds)
     return p
 
 

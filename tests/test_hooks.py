@@ -153,4 +153,16 @@ def test_architecture_doc_carries_the_current_hook_table():
     assert begin in doc and end in doc
     shown = doc.split(begin, 1)[1].split(end, 1)[0]
     assert shown == hook_table(ALGORITHMS), \
-        "docs/architecture.md's hook table is stale: python -m fedpipe.algorithms prints it"
+        "docs/architecture.md's hook table is stale: python -m fedpipe.algorithms --write " \
+        "docs/architecture.md"
+
+
+def test_the_hook_table_is_written_between_its_markers(tmp_path):
+    import subprocess
+    import sys
+
+    doc = tmp_path / "a.md"
+    doc.write_text("# t\n<!-- hook-table: begin -->\nold rows\n<!-- hook-table: end -->\nafter\n")
+    subprocess.run([sys.executable, "-m", "fedpipe.algorithms", "--write", str(doc)], check=True)
+    assert doc.read_text() == ("# t\n<!-- hook-table: begin -->\n" + hook_table(ALGORITHMS)
+                               + "<!-- hook-table: end -->\nafter\n")

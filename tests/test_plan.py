@@ -119,7 +119,8 @@ def test_plan_refuses_a_method_on_a_track_it_cannot_train(tmp_path):
     from fedpipe.pipeline.plan import write_plan
 
     params = {"study": {"algorithms": ["fedavg"], "diffusion_algorithms": ["fedavg", "fednh"],
-                        "seeds": [0]}, "algorithms": {}}
+                        "seeds": [0]},
+              "algorithms": {m: {} for m in ("fedavg", "fednh", "scaffold", "mofedsam", "fedddpm")}}
     with pytest.raises(ConfigError) as info:
         write_plan(params, tmp_path)
     assert info.value.key == "study.diffusion_algorithms[1]" and "fednh" in str(info.value)
@@ -127,3 +128,6 @@ def test_plan_refuses_a_method_on_a_track_it_cannot_train(tmp_path):
     assert not (tmp_path / "data/plan/diffusion.json").exists()  # refused before writing anything
     params["study"]["diffusion_algorithms"] = ["fedavg", "scaffold", "mofedsam", "fedddpm"]
     write_plan(params, tmp_path)
+    del params["algorithms"]["scaffold"]  # a hand-edited params.yaml without a method's section
+    with pytest.raises(ConfigError, match=r"algorithms\.scaffold=None"):
+        write_plan(params, tmp_path)

@@ -153,7 +153,11 @@ def check_study(params: dict[str, Any]) -> StudyConfig:
     check_algorithms(study.algorithms, "study.algorithms")
     check_algorithms(study.diffusion_algorithms, "study.diffusion_algorithms")
     check_tracks(study)
-    check_algorithm_sections(params.get("algorithms"))
+    sections = check_algorithm_sections(params.get("algorithms"))
+    for name in (*study.algorithms, *study.diffusion_algorithms):
+        if name not in sections:  # a hand-edited params.yaml: DVC would stop at the method's stage
+            raise ConfigError(f"algorithms.{name}", None, "a section ({} for the method's defaults;"
+                              " `make params` or `dvc exp run` adds it)")
     if study.corruptions:  # the corruptions (and their image libraries) load only when asked for
         from fedpipe.data.corruptions import check_corruption_names
 
