@@ -658,7 +658,7 @@ def test_planted_effect_holds_at_the_documented_rate(n, k):
 
 
 def test_documented_minimal_effects():
-    """The table of README.md / docs/claims.md: mean / SE needed at level 0.05 / k, and the true
+    """The table of docs/results.md / docs/claims.md: mean / SE needed at level 0.05 / k, and the true
     effect (in SDs of one replicate's difference) that holds with probability 0.8."""
     table = {(n, k): (round(min_detectable_t(n, k), 2), round(effect_for_power(0.8, n, k), 2))
              for n in (3, 5, 8) for k in (1, 5, 10)}

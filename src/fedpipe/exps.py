@@ -26,7 +26,7 @@ ACCURACY = re.compile(r"^([a-z0-9_]+)\.test_accuracy$")  # data/evaluate/metrics
 
 
 def _cell(value: Any) -> str:
-    if value is None or value == "":
+    if value is None or value in ("", "None"):  # DVC gives a null param as "None"
         return "-"
     if isinstance(value, float):
         return f"{value:.4f}" if value < 1 or not value.is_integer() else f"{value:g}"
