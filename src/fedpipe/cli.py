@@ -1,12 +1,16 @@
 """Entry-point helper for stage scripts: logging set-up (log lines printed above the progress bars,
-never onto them), one-line errors with exit code 2, and Ctrl-C as one line saying what was kept and how
-to resume, with exit code 130."""
+never onto them), one-line errors with exit code 2 (a folder the stage cannot write too), Ctrl-C as one
+line saying what was kept and how to resume, with exit code 130, and, under DVC, a stage that stops
+the same way when the DVC process that started it is gone (:func:`watch_dvc`)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,26 +106,164 @@ def failed_experiment_hint() -> str | None:
 
 
 def run_stage(main: Callable[[], None]) -> None:
-    """Run a stage's ``main``; bad params or missing data print one line and exit with code 2; Ctrl-C
-    prints one line (:func:`interrupted_message`) and exits with code 130. Log lines go through
-    ``tqdm.write`` while ``main`` runs, so they print above a progress bar instead of onto it."""
+    """Run a stage's ``main``; bad params or missing data print one line and exit with code 2, and so
+    does a folder it cannot write (:func:`permission_message`); Ctrl-C prints one line
+    (:func:`interrupted_message`) and exits with code 130, and so does a stage whose DVC is gone
+    (:func:`watch_dvc`, run by DVC only). Log lines go through ``tqdm.write`` while ``main`` runs,
+    so they print above a progress bar instead of onto it."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("alembic", "mlflow", "urllib3", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    done = threading.Event()
     try:
+        if os.environ.get("DVC_STAGE"):
+            watch_dvc(os.environ["DVC_STAGE"], done)
         set_threads()
         with logging_redirect_tqdm():
             main()
         check_stage_code()
     except KeyboardInterrupt:
-        print(interrupted_message(), file=sys.stderr)
+        line = interrupted_message()
+        if _ORPHANED:  # watch_dvc's SIGINT: one line saying both
+            line = f"{_ORPHANED[0]}; {line.removeprefix('interrupted: ')}"
+        print(line, file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except (ConfigError, DatasetNotFoundError, InputError, SkippedStageError) as e:
         _fail(f"error: {e}", EXIT_CONFIG)
     except DivergenceError as e:
         _fail(f"error: {e}", EXIT_DIVERGED)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        _fail(permission_message(e), EXIT_CONFIG)
+    finally:
+        done.set()
+
+
+def permission_message(e: OSError) -> str:
+    """The one line for a file or folder the stage may not write (or read): the folder that refused
+    (the nearest one that exists on the way to the file) or the file itself, and what to do."""
+    from fedpipe.tracking import SPOOL_DIR
+
+    if not e.filename:
+        return f"error: {e.strerror or e}; check the permissions of the folders the stage writes"
+    path = Path(os.fsdecode(e.filename))
+    try:
+        shown = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        shown = path
+    while not shown.exists() and shown.parent != shown and str(shown.parent) != ".":
+        shown = shown.parent
+    if not shown.exists():
+        shown = shown.parent if str(shown.parent) != "." else Path(".")
+    why = "read-only file system" if e.errno == errno.EROFS else "permission denied"
+    if shown.is_dir():
+        line = (f"error: cannot write in folder {shown} ({why}); make it writable for this user "
+                f"(chmod -R u+w {shown}, or chown it to this user) and run the stage again")
+    else:
+        line = (f"error: cannot open {shown} ({why}); make it readable and writable for this user "
+                f"(chmod u+rw {shown}, or chown it to this user) and run the stage again")
+    if SPOOL_DIR in shown.parts:
+        line += "; or run without tracking: FEDPIPE_TRACKING=off"
+    return line
+
+
+# -- a stage whose DVC is gone --------------------------------------------------------------------
+DVC_POLL_S = 2.0
+"""How often a stage run by DVC checks that the DVC process that started it is still there."""
+DVC_GONE_GRACE_S = 60.0
+"""After its SIGINT, how long a stage whose DVC is gone has to stop (its Ctrl-C handling keeps
+its checkpoints) before it is ended with exit code 130 regardless."""
+
+_ORPHANED: list[str] = []  # watch_dvc's line, once DVC is gone
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 (state) on; None for a process that is gone or a zombie."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()
+    return None if not fields or fields[0] in ("Z", "X") else fields
+
+
+def _is_dvc(pid: int) -> bool:
+    try:
+        argv = [a.decode(errors="replace") for a in
+                Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return False
+    if any(os.path.basename(a) == "dvc" for a in argv[:3]):
+        return True
+    return "-m" in argv[:3] and argv[argv.index("-m") + 1:][:1] == ["dvc"]
+
+
+def dvc_ancestor() -> int | None:
+    """The pid of the DVC process that runs this stage: the nearest ancestor whose command is
+    ``dvc`` (DVC starts a stage's command through ``$SHELL -c``, which may stay in between); None
+    where there is none (or no ``/proc``)."""
+    pid = os.getppid()
+    for _ in range(4):
+        if pid <= 1:
+            return None
+        if _is_dvc(pid):
+            return pid
+        stat = _proc_stat(pid)
+        if stat is None:
+            return None
+        pid = int(stat[1])
+    return None
+
+
+def watch_dvc(stage: str, done: threading.Event, poll: float = DVC_POLL_S) -> threading.Thread:
+    """Stop the stage when the DVC process that started it is gone (``kill -9`` of ``dvc repro``
+    would leave it running with no one to record its result): a daemon thread checks every
+    ``poll`` seconds that the parent process is the same (a dead parent's child is handed to
+    init) and that the ``dvc`` ancestor (:func:`dvc_ancestor`) still runs (by its start time: a
+    pid can be reused). When either is gone it sends the main thread SIGINT, so the stage stops
+    as on Ctrl-C, keeping what :func:`keep_on_interrupt` names, and :func:`run_stage` prints one
+    line (``error: DVC, which started stage X, is gone: ...``) and exits with code 130; a stage
+    that has not stopped :data:`DVC_GONE_GRACE_S` seconds later (or ignores SIGINT) is ended with
+    that line and code 130. The thread ends when ``done`` is set."""
+    parent = os.getppid()
+    dvc = dvc_ancestor()
+    dvc_stat = _proc_stat(dvc) if dvc is not None else None
+    dvc_started = dvc_stat[19] if dvc_stat is not None and len(dvc_stat) > 19 else None
+
+    def gone() -> bool:
+        if os.getppid() != parent:
+            return True
+        if dvc is None or dvc_started is None:
+            return False
+        now = _proc_stat(dvc)
+        return now is None or len(now) <= 19 or now[19] != dvc_started
+
+    def stop() -> None:
+        line = f"error: DVC, which started stage {stage}, is gone: stopping (re-run `dvc repro`)"
+        _ORPHANED.append(line.removesuffix(" (re-run `dvc repro`)"))
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):  # Python's own (KeyboardInterrupt) or the stage's
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            if done.wait(DVC_GONE_GRACE_S):
+                return
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except OSError:
+            pass
+        os._exit(EXIT_INTERRUPTED)
+
+    def watch() -> None:
+        while not done.wait(poll):
+            if gone():
+                stop()
+                return
+
+    thread = threading.Thread(target=watch, name="fedpipe-watch-dvc", daemon=True)
+    thread.start()
+    return thread
 
 
 def check_stage_code() -> None:

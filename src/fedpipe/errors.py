@@ -13,6 +13,19 @@ class ConfigError(ValueError):
         super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
 
 
+class CompositionError(ConfigError):
+    """``params.yaml`` cannot be composed from ``conf/`` with the overrides given (an unknown key, a
+    group option with no file, an override Hydra cannot parse): the one line, ready-made by
+    :mod:`fedpipe.pipeline.compose` from Hydra's error or fedpipe's override check; exit code 2."""
+
+    def __init__(self, line: str, key: str = "", value: Any = None, allowed: str = ""):
+        self.key, self.value, self.allowed = key, value, allowed
+        ValueError.__init__(self, line)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.key, self.value, self.allowed))
+
+
 class DivergenceError(RuntimeError):
     """A non-finite loss or update (the message names the round and client); exit code 3."""
 

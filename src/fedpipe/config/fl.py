@@ -58,8 +58,13 @@ class LocalTrainConfig:
 class RayConfig:
     """The Ray executor (``fl.executor: ray``, :mod:`fedpipe.fl.ray_executor`): ``address`` of an
     existing cluster (``host:port`` as printed by ``ray start --head``, ``ray://host:port`` for Ray
-    Client, or ``auto`` for the cluster this machine belongs to); null starts a local instance.
-    ``gpus_per_client``: GPUs reserved by each client's task (fractions share a GPU; 0 = CPU)."""
+    Client, or ``auto`` for the cluster this machine belongs to); null starts a local instance,
+    whose session (sockets, logs, spilled objects) is kept in a folder of the user's alone,
+    ``<temp>/fedpipe-ray-<uid>/ray`` (``fedpipe-ray-<uid>``: mode 0700; ``<temp>``: ``$TMPDIR``
+    or ``/tmp``), not in Ray's default
+    ``/tmp/ray``, which any user of the machine may write (``RAY_TMPDIR`` set: Ray's default under
+    it; :func:`fedpipe.fl.ray_executor.private_temp_dir`). ``gpus_per_client``: GPUs reserved by
+    each client's task (fractions share a GPU; 0 = CPU)."""
 
     address: str | None = None
     gpus_per_client: float = 0.0

@@ -29,7 +29,11 @@ What is shipped, and when:
 
 Where it runs: with ``fl.ray.address`` null, a local instance is started on first use with as many
 CPUs as ``FEDPIPE_WORKERS`` (default: the cores this process may use; at least the torch thread count),
-no dashboard and Ray's own logging at WARNING; it lives as long as the process. With an address (a
+no dashboard and Ray's own logging at WARNING; it lives as long as the process. Its session (sockets,
+logs, spilled objects) goes into a folder of this user alone (:func:`private_temp_dir`:
+``<temp>/fedpipe-ray-<uid>/ray``, the enclosing folder of mode 0700), not into Ray's default
+``/tmp/ray``, which every user of the machine may write; with ``RAY_TMPDIR`` set, Ray's default under
+it. With an address (a
 cluster started with ``ray start --head`` on one machine and ``ray start --address=<head>:6379`` on the
 others), fedpipe's own source is shipped to the cluster with the job (``runtime_env.py_modules``), so
 every node runs the driver's code; each node needs the same Python packages (``pip install -e .``).
@@ -43,6 +47,8 @@ import copy
 import hashlib
 import logging
 import os
+import stat
+import tempfile
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -76,6 +82,37 @@ def local_cpus() -> int:
     return int(raw)
 
 
+TEMP_PREFIX = "fedpipe-ray-"
+
+
+def private_temp_dir() -> str | None:
+    """The root folder of a local Ray instance's session: ``<temp>/fedpipe-ray-<uid>/ray``
+    (``tempfile.gettempdir()``: ``$TMPDIR`` or ``/tmp``). Ray makes every folder of its session
+    writable by all (mode 0777, for clusters shared between users), so the privacy is the
+    enclosing folder's: ``fedpipe-ray-<uid>`` is made with mode 0700 and used only while it is a
+    real folder of this user that no one else may enter; otherwise a fresh private one
+    (``tempfile.mkdtemp``, 0700) encloses it. None where ``RAY_TMPDIR`` is set (Ray's own setting:
+    the user chose) or on a system without user ids. Kept short: Ray's Unix sockets live under it,
+    and a socket's path may not exceed 107 bytes."""
+    if os.environ.get("RAY_TMPDIR") or not hasattr(os, "getuid"):
+        return None
+    uid = os.getuid()
+    path = os.path.join(tempfile.gettempdir(), f"{TEMP_PREFIX}{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return os.path.join(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{uid}-"), "ray")
+    st = os.lstat(path)
+    if not (stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077):
+        # another user's, a link, or open to others (files may have been planted): not used
+        log.warning("%s is not a folder of this user alone: the local Ray instance uses a fresh "
+                    "one", path)
+        path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{uid}-")
+    return os.path.join(path, "ray")
+
+
 def reachable(address: str, timeout: float = 10.0) -> None:
     """A ``host:port`` (``ray://host:port``) that accepts no TCP connection is a ConfigError at once
     (Ray itself retries for minutes). ``auto`` is left to Ray."""
@@ -104,7 +141,9 @@ def connect(cfg: RayConfig, threads: int = 1) -> None:
     if cfg.address is None:
         for attempt in range(START_ATTEMPTS):
             try:
-                ray.init(num_cpus=max(local_cpus(), threads), **quiet)
+                temp = private_temp_dir()
+                ray.init(num_cpus=max(local_cpus(), threads),
+                         **({"_temp_dir": temp} if temp else {}), **quiet)
                 return
             except Exception as e:  # noqa: BLE001 (Ray raises a bare Exception for this)
                 # Ray waits a fixed 30 s for its raylet to register; a heavily loaded machine can
