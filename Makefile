@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench params clean-venv smoke ui exps
+.PHONY: run test test-fast lint bench params clean-venv smoke ui exps estimate
 
 # Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run` named after its study, queued
 # and run SMOKE_JOBS at a time (one per core, one torch thread each unless FEDPIPE_THREADS says
@@ -53,6 +53,14 @@ ui: $(STAMP)
 # DVC's experiments in one table within 120 columns: each method's accuracy, the claim count.
 exps: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m fedpipe.exps
+
+# Cost of a study before a long run (fedpipe.estimate): one replicate of every stage at full size
+# (stand-in data for torchvision datasets), measured and projected to the whole study.
+# make estimate STUDY=fedptr_cifar10 ARGS="partition.alpha=0.04 --json est.json"  (ARGS: overrides as
+# dvc exp run -S takes them, and python -m fedpipe.estimate --help's options)
+estimate: $(STAMP)
+	@test -n "$(STUDY)" || { echo "usage: make estimate STUDY=<study> [ARGS=\"override ... --json PATH\"]"; exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m fedpipe.estimate $(STUDY) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src stages tests benchmarks

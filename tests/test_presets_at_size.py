@@ -1,0 +1,229 @@
+"""The paper presets at their real size (stand-in data) and the cost estimate's arithmetic.
+
+The slow tests run :mod:`fedpipe.estimate`'s slice of each paper preset: every stage of the pipeline
+once, at the preset's model size, client count, batch sizes and data size (stand-in images of the
+real shapes), one replicate, one round, local steps cut only where a round would not fit the round
+budget. They check that every stage ran and wrote its outputs, and that the report and the claims say
+the numbers are stand-in numbers. The fast tests check the projection against hand-computed numbers
+and the estimate's stage order against DVC's own graph of ``dvc.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedpipe import estimate as est
+
+REPO = Path(__file__).resolve().parents[1]
+DVC = Path(sys.executable).parent / "dvc"
+
+PRESETS = ["fedddpm_mnist", "fedddpm_cifar10", "fedddpm_cifar100", "fedptr_cifar10",
+           "fedptr_cifar100", "fedptr_fmnist", "equitable_mnist", "equitable_cifar10",
+           "equitable_cifar100", "fednh_cifar10", "fednh_cifar100", "perada_cifar10"]
+# Seconds a slice round may take before local steps are cut: the CLI's default, so that a test
+# runs the slice that `make estimate` runs.
+TEST_BUDGET = est.ROUND_BUDGET
+
+
+# -- the projection's arithmetic (fast) ---------------------------------------------------------
+def _ev(kind, t0, s, ctx=("federated",), round_=0, pid=1, **kw):
+    return {"kind": kind, "ctx": list(ctx), "round": round_, "t0": t0, "s": s, "pid": pid, **kw}
+
+
+def test_round_loop_projection_by_hand():
+    """One slice round of two clients (of four, sizes 10/10/20/40) whose local steps were cut to 3,
+    projected to 10 rounds, evaluated every 5, checkpointed at the end only, distillation cut to half.
+    """
+    local = {"epochs": 2, "steps": 3, "batch": 5, "done": 3}
+    events = [
+        {"kind": "start", "t": 90.0, "pid": 1},
+        {"kind": "federated", "ctx": [], "round": None, "t0": 100.0, "s": 20.0, "pid": 1,
+         "sizes": [10, 10, 20, 40]},
+        {"kind": "round", "r": 0, "t": 101.0, "pid": 1},
+        _ev("select", 101.0, 0.5),
+        _ev("client", 101.5, 4.0, n=20),
+        _ev("local", 101.6, 3.0, ctx=("federated", "client"), n=20, **local),
+        _ev("client", 105.5, 2.5, n=40),
+        _ev("local", 105.6, 2.0, ctx=("federated", "client"), n=40, **local),
+        _ev("aggregate", 108.0, 1.0),
+        _ev("server_update", 109.0, 2.0),
+        _ev("eval", 111.0, 3.0),
+        _ev("ckpt", 114.0, 0.5),
+    ]
+    plan = est.LoopPlan(rounds=10, eval_every=5, batch=5, cap=3, kd_factor=2.0)
+    p = est.project_loop(events, total=30.0, plan=plan)
+    # the round's window 120 - 101 = 19 s, its calls 13.5 s: 5.5 s of the round are the engine's own
+    # steady time per step 2/3 s (the second call; the first's excess 3 - 3 * 2/3 = 1 s is paid once)
+    # client updates: 6.5 - 5 + (2 * 4 + 2 * 8) steps * 2/3 s = 17.5 s, times the sampling weight
+    # mean(2, 2, 4, 8) / mean(4, 8) = 2/3: 11.667 s
+    per_round = 5.5 + 0.5 + 17.5 * 2 / 3 + 1.0 + 2.0 * 2.0
+    assert p.parts["per_round"] == pytest.approx(per_round)
+    assert p.parts["evals"] == 2 and p.parts["eval_each"] == pytest.approx(3.0)
+    assert p.parts["checkpoints"] == 1
+    assert p.fixed == pytest.approx(30.0 - 19.0)
+    assert p.projected == pytest.approx(11.0 + 10 * per_round + 2 * 3.0 + 0.5 + 1.0)
+
+
+def test_server_training_on_the_auxiliary_set_and_sampling_by_hand():
+    """FedDDPM+-like: a correction of 4 epochs on A (once per run) and a per-round calibration on A
+    (every round), A cut from 1000 to 100 images at batch 50; a curve FID per evaluation, QuickTest
+    and the final FID from the seconds per image-step."""
+    events = [
+        {"kind": "federated", "ctx": [], "round": None, "t0": 0.0, "s": 10.0, "pid": 7, "sizes": [5]},
+        {"kind": "round", "r": 0, "t": 0.0, "pid": 7},
+        _ev("client", 0.0, 1.0, pid=7, n=5),
+        _ev("server_update", 1.0, 6.0, pid=7),
+        _ev("local", 1.0, 2.0, ctx=("federated", "server_update"), pid=7, n=100, epochs=1,
+            steps=None, batch=50, done=2),
+        _ev("local", 3.0, 3.0, ctx=("federated", "server_update"), pid=7, n=100, epochs=4,
+            steps=None, batch=50, done=8),
+        _ev("eval", 7.0, 2.0, pid=7),
+        _ev("sample", 7.5, 1.5, ctx=("federated", "eval"), pid=7, n=10, steps=2),
+        _ev("sample", 10.0, 1.0, ctx=(), pid=7, n=10, steps=2),
+    ]
+    plan = est.LoopPlan(rounds=20, eval_every=10, batch=5, aux=(100, 1000), once_epochs=4,
+                        unit=0.05, curve=40, quicktest=(2, 30), final=100)
+    p = est.project_loop(events, total=15.0, plan=plan)
+    # round: window 10 s, calls 9 s -> 1 s; client 1 s; server: 6 - 2 - 3 = 1 s besides A, the
+    # calibration 2 s x ceil(1000/50)/ceil(100/50) = 20 s
+    assert p.parts["per_round"] == pytest.approx(1.0 + 1.0 + 1.0 + 20.0)
+    assert p.parts["once"] == pytest.approx(3.0 * 10)  # the correction, on the full A, once
+    assert p.parts["eval_each"] == pytest.approx((2.0 - 1.5) + 40 * 0.05)
+    assert p.parts["quicktest"] == pytest.approx(2 * 30 * 0.05)
+    assert p.parts["final_sampling"] == pytest.approx(100 * 0.05)
+    assert p.fixed == pytest.approx(15.0 - 10.0 - 1.0)
+    assert p.projected == pytest.approx(4.0 + 20 * 23.0 + 2 * 2.5 + 30.0 + 3.0 + 5.0)
+
+
+def test_warmup_evaluate_and_schedules_by_hand():
+    # two worker processes, three clients each, 10 steps of one epoch; the first call of each
+    # process carries its set-up: 0.1 s per step; 50 epochs -> 2,940 steps more over 2 processes
+    rows = [{"kind": "local", "ctx": [], "round": None, "pid": pid, "t0": float(i), "s": s,
+             "n": 100, "epochs": 1, "steps": None, "batch": 10, "done": 10}
+            for pid, times in ((1, (2.0, 1.0, 1.0)), (2, (3.0, 1.2, 0.8)))
+            for i, s in enumerate(times)]
+    p = est.project_warmup(rows, total=10.0, epochs=50)
+    assert p.projected == pytest.approx(10.0 + (3000 - 60) * 0.1 / 2)
+    assert est.eval_count(10, 5) == 2 and est.eval_count(10, 3) == 4 and est.eval_count(1, 20) == 1
+    assert est.checkpoint_count(10, 3, 0, 1.0, 1, 0.0) == 4  # rounds 3, 6, 9 and the last
+    assert est.checkpoint_count(10, 0, 25, 10.0, 1, 0.0) == 4  # 30 s apart: 3, 6, 9, the last
+    assert est.sampling_weight([10, 20], [20], 10) == pytest.approx(1.5 / 2)
+    assert est.sampling_weight([10, 20], [30], 10) == 1.0  # pooled (Centralized)
+    assert est.project_part(10.0, 4.0, 30).projected == pytest.approx(6.0 + 120.0)
+
+
+def test_step_cap_fits_the_budget_and_never_exceeds_a_client():
+    fl = {"participation": 0.5, "local": {"epochs": 2, "batch_size": 10, "steps": None}}
+    sizes = [100, 100, 200, 200]  # 20 and 40 steps per client, 2 clients a round: 60 steps
+    assert est.choose_cap(sizes, fl, 1.0, 100.0) == (None, 30.0)
+    assert est.choose_cap(sizes, fl, 1.0, 20.0) == (10, 30.0)
+    assert est.choose_cap(sizes, fl, 0.1, 5.0, pooled=True)[0] == 20  # 120 pooled steps: capped
+    assert est.choose_cap(sizes, {**fl, "local": {**fl["local"], "steps": 5}}, 1.0, 1.0) == (None, 5.0)
+    n, steps = est.fid_slice(1.0, 256, 1000)  # an expensive model: the fewest images and steps
+    assert (n, steps) == (est.FID_SAMPLES, est.SAMPLE_STEPS)
+    assert est.fid_slice(1e-6, 256, 1000) == (256, 20)
+
+
+# -- the stage order against DVC (fast) ---------------------------------------------------------
+def _dvc_dag(folder: Path) -> tuple[set[str], set[tuple[str, str]]]:
+    out = subprocess.run([str(DVC), "dag", "--dot"], cwd=folder, capture_output=True, text=True,
+                         env={**os.environ, "DVC_NO_ANALYTICS": "1"}, check=True).stdout
+    nodes = {m for m in (ln.strip().rstrip(";").strip('"') for ln in out.splitlines())
+             if m and "->" not in m and "{" not in m and "}" not in m}
+    edges = set()
+    for ln in out.splitlines():
+        if "->" in ln:
+            a, b = (x.strip().rstrip(";").strip('"') for x in ln.split("->"))
+            edges.add((a, b))
+    return nodes, edges
+
+
+def _check_against_dvc(folder: Path, params: dict) -> list[str]:
+    dvc_yaml = yaml.safe_load((folder / "dvc.yaml").read_text())
+    specs = est.expand_stages(dvc_yaml, params)
+    nodes, edges = _dvc_dag(folder)
+    assert {s.address for s in specs} == nodes
+    assert est.stage_edges(specs) == edges
+    order = [s.address for s in est.stage_order(specs)]
+    pos = {a: i for i, a in enumerate(order)}
+    assert all(pos[a] < pos[b] for a, b in edges)
+    return order
+
+
+def test_stage_order_is_dvc_yamls_dependency_order():
+    order = _check_against_dvc(REPO, yaml.safe_load((REPO / "params.yaml").read_text()))
+    assert order[0] == "plan" and order[-1] == "report"
+
+
+@pytest.mark.parametrize("study", ["perada_cifar10", "fedddpm_mnist"])
+def test_stage_order_of_a_composed_preset(study, tmp_path):
+    """A preset's composed params (a backbone, no diffusion; the diffusion track, three replicates)
+    in a scratch DVC project: the same stages and edges as DVC's graph."""
+    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
+    subprocess.run([str(DVC), "init", "--no-scm", "-q"], cwd=tmp_path, check=True,
+                   env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    params = est.compose(REPO, [f"study={study}"], tmp_path / "params.yaml")
+    order = _check_against_dvc(tmp_path, params)
+    seeds = params["study"]["seeds"]
+    assert sum(a.startswith("partition@") for a in order) == len(seeds)
+
+
+def test_slice_overrides_cut_only_what_they_say(tmp_path):
+    full = est.compose(REPO, ["study=fedptr_cifar10", "dataset.stand_in=true"], tmp_path / "p.yaml")
+    cuts = est.slice_cuts(full)
+    assert "study.seeds=[0]" in cuts.overrides
+    assert "fl.rounds=2" in cuts.overrides  # FedPTR's window: its MTT starts in the second round
+    assert not any(o.startswith(("model.", "partition.", "dataset.", "fl.local.batch_size"))
+                   for o in cuts.overrides)
+    full = est.compose(REPO, ["study=perada_cifar10", "dataset.stand_in=true"], tmp_path / "q.yaml")
+    cuts = est.slice_cuts(full)
+    assert cuts.kd == {"perada": (500, est.KD_STEPS), "feddf": (500, est.KD_STEPS)}
+    assert cuts.corruption_pairs == (30, 2) and "fl.rounds=1" in cuts.overrides
+
+
+# -- the presets at size (slow) -----------------------------------------------------------------
+def _warmup_capped() -> bool:
+    from fedpipe.config.diffusion import WarmupConfig
+
+    return "steps" in WarmupConfig.__dataclass_fields__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study", PRESETS)
+def test_preset_slice_runs_at_size(study, tmp_path, capsys):
+    full = est.compose(REPO, [f"study={study}"], tmp_path / "probe.yaml")
+    if full["study"].get("diffusion_seeds") and not _warmup_capped():
+        pytest.skip("the warm-up has no step cap (warmup.steps): one epoch of every client's "
+                    "paper-size DDPM takes hours on a CPU")
+    t0 = time.perf_counter()
+    result = est.estimate(study, stand_in=True, scratch=tmp_path / "slice", root=REPO,
+                          budget=TEST_BUDGET, log=lambda s: None)
+    seconds = time.perf_counter() - t0
+    with capsys.disabled():
+        print(f"\n{study}: slice {seconds:.0f} s; projected one replicate {result.replicate_s:.0f} "
+              f"s, study {result.study_s:.0f} s")
+    assert result.failed is None, f"{result.failed}: {result.error}"
+    scratch = Path(result.scratch)
+    params = yaml.safe_load((scratch / "params.yaml").read_text())
+    seed = params["study"]["seeds"][0]
+    assert params["dataset"]["stand_in"] is True
+    ran = [r.address for r in result.rows]
+    assert ran == [s.address for s in est.pipeline(REPO, params)]
+    for algo in params["study"]["algorithms"]:
+        assert (scratch / f"data/federate/{algo}/seed_{seed}/metrics.json").is_file(), algo
+    for algo in params["study"]["diffusion_algorithms"]:
+        assert (scratch / f"data/federate_ddpm/{algo}/seed_{seed}/metrics.json").is_file(), algo
+    from fedpipe.config.dataset import STAND_IN_NOTE
+
+    assert STAND_IN_NOTE in (scratch / "data/report/report.md").read_text()
+    assert json.loads((scratch / "data/report/claims.json").read_text()).get("stand_in") is True
+    assert all(r.replicate_s >= r.slice_s * 0.5 for r in result.rows)
+    assert result.study_s >= result.replicate_s
