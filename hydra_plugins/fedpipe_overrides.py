@@ -20,6 +20,7 @@ the study's methods stay. A method's defaults live in its config dataclass alone
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -134,6 +135,26 @@ def _registered() -> list[str]:
     return list(scan())
 
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository whose conf/ DVC composes
+
+
+def _workspace_busy() -> str | None:
+    try:
+        from fedpipe.pipeline.compose import workspace_busy
+    except ImportError:  # composed without fedpipe installed
+        return None
+    return workspace_busy(ROOT)
+
+
+def _composition_line(e: BaseException) -> str | None:
+    try:
+        from fedpipe.pipeline.compose import composition_error
+    except ImportError:
+        return None
+    err = composition_error(e, ROOT / "conf")
+    return None if err is None else str(err)
+
+
 def _install() -> None:
     try:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -144,6 +165,9 @@ def _install() -> None:
         return
 
     def checked(overrides, cfg):
+        busy = _workspace_busy()
+        if busy:  # a second `dvc exp run -S` in a busy workspace: refused before params.yaml changes
+            raise UnknownKeyError(busy)
         names = _registered()
         method_sections(cfg, names, keep_study=False)
         for o in overrides:
@@ -158,6 +182,23 @@ def _install() -> None:
 
     checked._fedpipe = True
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(checked)
+
+    load = ConfigLoaderImpl._load_configuration_impl
+
+    def loaded(self, *args, **kwargs):
+        """Hydra's composition, with a failure (a misspelt group option, ``study=clasification``)
+        turned into fedpipe's one line (:func:`fedpipe.pipeline.compose.composition_error`)."""
+        try:
+            return load(self, *args, **kwargs)
+        except UnknownKeyError:
+            raise
+        except Exception as e:  # noqa: BLE001 (only composition errors are turned into a line)
+            line = _composition_line(e)
+            if line is None:
+                raise
+            raise UnknownKeyError(line) from None
+
+    ConfigLoaderImpl._load_configuration_impl = loaded
 
 
 _install()

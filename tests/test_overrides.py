@@ -122,3 +122,19 @@ def test_a_misspelt_method_field_gets_the_methods_own_fields(repo_root, tmp_path
     assert bad.stdout.strip() == ("UnknownKeyError invalid config: algorithms.fedprox.muu=0.1; "
                                   "allowed: a key of algorithms.fedprox (did you mean "
                                   "algorithms.fedprox.mu?)")
+
+
+def test_a_misspelt_group_option_is_one_line_as_dvc_composes(repo_root, tmp_path):
+    """`dvc exp run -S study=clasification` fails while Hydra loads the defaults, before the
+    override step: the plugin turns it into fedpipe's line naming the closest option."""
+    code = ("import sys; from dvc.utils.hydra import compose_and_dump\n"
+            "try:\n"
+            f"    compose_and_dump({str(tmp_path / 'p.yaml')!r}, {str(repo_root / 'conf')!r}, None, "
+            f"'config', {str(repo_root)!r}, sys.argv[1:])\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e); sys.exit(3)\n")
+    bad = subprocess.run([sys.executable, "-c", code, "study=clasification"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 3, bad.stderr
+    assert bad.stdout.strip() == ("UnknownKeyError invalid config: study=clasification; allowed: a "
+                                  "file of conf/study/ (did you mean classification?)")
