@@ -1,9 +1,13 @@
 """The batched executor (``fl.executor: batched``, fedpipe.fl.batched): equal to the serial executor
-to its documented tolerance for every method that declares itself batchable, on clients of unequal
-size; serial fallback with one log line otherwise; same seed, same result."""
+to its documented tolerance for every method that declares itself batchable (read from the registry),
+under SGD with momentum, weight decay and clipping and under Adam, on clients of unequal size;
+serial fallback with one log line otherwise; same seed, same result. The method contract
+(tests/test_contract.py) runs every batchable method batched on its own track too: equal to serial,
+device-clean, and killed and resumed bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -29,10 +33,17 @@ from fedpipe.fl.batched import (
 )
 from fedpipe.fl.executors import SerialExecutor
 from fedpipe.fl.local import make_optimizer
+from fedpipe.fl.strategy import batches
 from fedpipe.tasks import ClassificationTask
 
-BATCHED = ("fedavg", "fedprox", "scaffold", "fedper", "pow_d")
-"""The registered methods whose client step the batched executor runs (PowD trains as FedProx)."""
+BATCHED = tuple(n for n in sorted(ALGORITHMS) if batches(ALGORITHMS[n]))
+"""The registered methods whose client step the batched executor runs."""
+ON_THEIR_OWN = tuple(n for n in BATCHED
+                     if ALGORITHMS[n].server_data_kind(ALGORITHMS[n].config_class()) == "none")
+"""Those whose server step needs nothing from the pipeline: run here end to end."""
+WITH_SERVER_DATA = tuple(n for n in BATCHED if n not in ON_THEIR_OWN)
+"""Those whose server step needs the pipeline's server data (FedDDPM's auxiliary set and score): here
+one round's client work is compared; the contract runs them end to end on their track."""
 
 
 class Net(nn.Module):
@@ -84,10 +95,17 @@ def assert_close(a, b):
             torch.testing.assert_close(b[k], a[k], atol=ATOL, rtol=RTOL, msg=k)
 
 
+def with_proximal_term(name: str) -> dict | None:
+    """A proximal weight large enough to matter, for a method that has one (FedProx and the methods
+    built on it)."""
+    fields = {f.name for f in dataclasses.fields(ALGORITHMS[name].config_class)}
+    return {"mu": 0.5} if "mu" in fields else None
+
+
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
-@pytest.mark.parametrize("name", BATCHED)
+@pytest.mark.parametrize("name", ON_THEIR_OWN)
 def test_batched_equals_serial(name, opt, caplog):
-    cfg = {"mu": 0.5} if name in ("fedprox", "pow_d") else None
+    cfg = with_proximal_term(name)
     with caplog.at_level(logging.WARNING, logger="fedpipe.fl.batched"):
         serial = run(name, "serial", LOCALS[opt], cfg=cfg)
         batched = run(name, "batched", LOCALS[opt], cfg=cfg)
@@ -125,8 +143,8 @@ def test_scaffold_option2_and_all_clients_of_unequal_steps():
         assert_close(a.client_states[cid], b.client_states[cid])
 
 
-@pytest.mark.parametrize("name", ["fedddpm", "fedddpm_plus"])
-def test_fedddpm_client_step_batched_equals_serial(name):
+@pytest.mark.parametrize("name", WITH_SERVER_DATA)
+def test_client_step_of_a_method_with_server_data_batched_equals_serial(name):
     """FedDDPM(+) train clients as FedAvg (their server steps need the pipeline's aux data and
     score, so the executors are compared on one round's client work directly)."""
     local = LOCALS["adam"]
@@ -151,28 +169,6 @@ def test_same_seed_same_result_other_seed_differs():
     assert_identical(a.state.weights, b.state.weights)
     assert a.history == b.history
     assert any(not torch.equal(a.state.weights[k], c.state.weights[k]) for k in a.state.weights)
-
-
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    """Checkpoint after round 1, resume: bit for bit the uninterrupted batched run (SCAFFOLD's
-    c and c_i go through the checkpoint)."""
-    local = LOCALS["sgd"]
-
-    def go(**kw):
-        clients = make_clients(SIZES)
-        fl = FLConfig(rounds=2, participation=0.7, local=local, executor="batched",
-                      checkpoint_every=1)
-        s = ALGORITHMS["scaffold"](ClassificationTask(), Net, local,
-                                   algorithm_config("scaffold", {}), num_clients=len(SIZES))
-        return run_federated(s, Net(), clients, fl, 3, progress=False, **kw)
-
-    full = go()
-    go(checkpoint_dir=tmp_path, stop_after=1)
-    resumed = go(checkpoint_dir=tmp_path)
-    assert resumed.resumed_from == 1
-    assert_identical(full.state.weights, resumed.state.weights)
-    assert_identical(full.state.extra, resumed.state.extra)
-    assert full.history == resumed.history
 
 
 def test_unsupported_method_falls_back_to_serial_with_one_log_line(caplog):

@@ -2,6 +2,7 @@
 which ``state.meta["stopped_at"]`` is set, checkpoints it, and a resumed run does not train further."""
 
 import torch
+from fakes import assert_identical
 from torch import nn
 
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
@@ -40,9 +41,11 @@ def test_strategy_stops_training_and_resume_does_not_continue(tmp_path):
     assert (tmp_path / "server.safetensors").is_file()  # the stop round is checkpointed
     again = run_federated(StopAtThree(ClassificationTask(), tiny_model, local, num_clients=2),
                           tiny_model(), clients, fl, seed=0, checkpoint_dir=tmp_path, progress=False)
-    assert again.resumed_from == 3 and again.rounds_done == 3 and len(again.history) == 3
-    for k, v in res.state.weights.items():
-        assert torch.equal(again.state.weights[k], v)
+    assert again.resumed_from == 3 and again.rounds_done == 3 and again.history == res.history
+    assert_identical(res.state.weights, again.state.weights)  # nothing trained after the stop
+    assert_identical(res.state.extra, again.state.extra)
+    assert again.state.meta == res.state.meta
+    assert_identical(res.client_states, again.client_states)
 
 
 def test_the_stop_round_is_evaluated_even_between_eval_rounds():

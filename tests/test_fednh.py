@@ -261,19 +261,3 @@ def test_fedproto_server_means_over_owners_only():
     assert close(aggregate_prototypes(old, means, owned),
                  torch.tensor([[2.0, 0.0], [2.0, 0.0], [0.0, 0.0]]))
     assert FedProto.adapt_model(Tiny(), algorithm_config("fedproto", None)).head.prototypes.shape == (3, 3)
-
-
-@pytest.mark.parametrize("name", ["fednh", "fedproto", "fedbabu"])
-def test_killed_run_resumes_bit_for_bit(tmp_path, name):
-    fl = FLConfig(rounds=3, participation=0.7, local=ONE_STEP, aggregation="uniform",
-                  checkpoint_every=1)
-    full = run_federated(make(name), make(name).model_fn(), CLIENTS, fl, seed=4, progress=False)
-    run_federated(make(name), make(name).model_fn(), CLIENTS, fl, seed=4, progress=False,
-                  checkpoint_dir=tmp_path, stop_after=2)
-    res = run_federated(make(name), make(name).model_fn(), CLIENTS, fl, seed=4, progress=False,
-                        checkpoint_dir=tmp_path)
-    assert res.resumed_from == 2
-    for k, v in full.state.weights.items():
-        assert torch.equal(res.state.weights[k], v), k
-    for cid, w in full.personal.items():
-        assert all(torch.equal(res.personal[cid][k], v) for k, v in w.items())

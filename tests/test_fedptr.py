@@ -1,7 +1,8 @@
 """FedPTR / FedPTR-S (Chen et al. 2023, arXiv 2312.14380): MTT's loss and gradient against hand
 computation and finite differences, the layer-adaptive penalty's gradient, MTT recovering a known
 one-step trajectory, the round protocol of both variants (history, projection, one-shot schedule,
-client-side initialisation) and a deterministic, resumable run.
+client-side initialisation); a deterministic, resumable run of each variant is the method contract's
+(tests/test_contract.py).
 
 The hand computations use a linear model w in R^2 (no bias) and the loss
 L(w; X, y) = mean_j (x_j . w - y_j)^2, whose gradient is (2/n) sum_j (x_j . w - y_j) x_j.
@@ -191,7 +192,6 @@ def norm_model() -> nn.Module:
 
 SMALL = {"ipc": 2, "mtt_iterations": 2, "syn_steps": 2, "lr_img": 10.0}
 LOCAL = LocalTrainConfig(steps=2, batch_size=4, lr=0.1)
-FL = FLConfig(rounds=4, participation=0.67, checkpoint_every=5, local=LOCAL)
 
 
 def strategy(name, **cfg):
@@ -368,23 +368,6 @@ def test_report_section_prints_tables_1_2_4_and_7_beside_ours():
         fc.report_section(StudyConfig(name="fedptr_smoke", algorithms=["fedptr_fixed"]), fixed))
     assert "| fedptr_fixed | 70.00 | " + "— | " * 8 + "41.26 | 42.41 |" in "\n".join(
         fc.report_section(StudyConfig(name="fedptr_cifar100", algorithms=["fedptr_fixed"]), fixed))
-
-
-@pytest.mark.parametrize("name", ["fedptr_s", "fedptr", "fedptr_noproj", "fedptr_fixed"])
-def test_deterministic_and_resumable(name, tmp_path):
-    def federate(**kw):
-        return run_federated(strategy(name), conv_model(), clients(), FL, seed=3, progress=False,
-                             **kw)
-    full = federate()
-    assert full.rounds_done == 4 and all(math.isfinite(h["train_loss"]) for h in full.history)
-    assert_identical(full.state.weights, federate().state.weights)
-    federate(checkpoint_dir=tmp_path, fingerprint="f", stop_after=2)
-    resumed = federate(checkpoint_dir=tmp_path, fingerprint="f")
-    assert resumed.resumed_from == 2
-    assert_identical(full.state.weights, resumed.state.weights)
-    assert_identical(full.state.extra, resumed.state.extra)
-    for cid in full.client_states:
-        assert_identical(full.client_states[cid], resumed.client_states[cid])
 
 
 def test_claims_follow_table_1_and_table_7():

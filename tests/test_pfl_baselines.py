@@ -19,7 +19,6 @@ from fakes import (
     REGRESSION_CLIENTS,
     MSETask,
     TwoLayer,
-    assert_identical,
     grad_body,
     grad_head,
 )
@@ -543,29 +542,3 @@ def test_methods_whose_claim_is_elsewhere_run_end_to_end_and_learn(name, cfg, mi
     assert margin >= min_margin, (name, margin)
     shared = {k: res.state.weights for k in res.personal}  # the same model for every client
     assert abs(own_model_margin(s, shared, tests)) < 1e-9
-
-
-@pytest.mark.parametrize("name", ["ditto", "fedbn", "lg_fedavg", "apfl", "pfedme", "fedrod",
-                                  "fedsim", "fedalt", "creff"])
-def test_three_rounds_deterministic_and_resumable(name, tmp_path):
-    classes = [[0, 1], [1, 2], [2, 3], [3, 0]]
-    train = [blobs(k, c, 8) for k, c in enumerate(classes)]
-    local = LocalTrainConfig(steps=2, batch_size=4, lr=0.1)
-    fl = FLConfig(rounds=3, participation=0.5, local=local, checkpoint_every=5)
-    cfg = algorithm_config(name, {"retrain_epochs": 2, "feature_epochs": 2, "num_features": 3}
-                           if name == "creff" else None)
-
-    def run(**kw):
-        s = ALGORITHMS[name](ClassificationTask(), bn_classifier, local, cfg, num_clients=4)
-        return run_federated(s, bn_classifier(), train, fl, seed=3, progress=False, **kw)
-
-    full = run()
-    assert_identical(full.state.weights, run().state.weights)
-    assert run(checkpoint_dir=tmp_path, fingerprint="f", stop_after=1).rounds_done == 1
-    resumed = run(checkpoint_dir=tmp_path, fingerprint="f")
-    assert resumed.resumed_from == 1 and resumed.rounds_done == 3
-    assert_identical(full.state.weights, resumed.state.weights)
-    assert_identical(full.state.extra, resumed.state.extra)
-    assert_identical(full.client_states, {c: resumed.client_states[c] for c in full.client_states})
-    assert_identical(full.personal, resumed.personal)
-    assert full.history == resumed.history
