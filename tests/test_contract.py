@@ -230,14 +230,7 @@ CASES = ([Case(n) for n in METHODS]
          + [Case(n, executor="batched") for n in BATCHED])
 """Checks 1 and 2 run on these: every method, its variants, and every batchable one batched."""
 
-CLUSTER2_ORDER = (
-    "cluster2's representative gradients (extra.repgrad) are state.weights flattened in dict "
-    "order (cluster2.flat_update): the model's order in a fresh run, the checkpoint's sorted order "
-    "after a resume (engine.load_checkpoint), so the vectors a resumed run computes are permuted "
-    "against those saved before the kill and their arccos distances mix coordinates; fix in src: "
-    "a fixed key order in flat_update, or the engine restoring the model's key order on resume")
-KNOWN_FAILURES = {("resume", "cluster2"): CLUSTER2_ORDER,
-                  ("resume", "cluster2[batched]"): CLUSTER2_ORDER}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 """(check, case): why the case fails the check today (a finding in src, marked strict xfail)."""
 
 

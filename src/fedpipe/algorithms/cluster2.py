@@ -72,7 +72,11 @@ def clustered_sample(distances: np.ndarray, sizes: np.ndarray, r: int,
 
 
 def flat_update(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(new[k] - old[k]).flatten().float() for k in old if is_float(old[k])])
+    """The update ``new - old`` as one vector, its parameters in sorted name order: a fixed order,
+    so a vector kept in the server state (``extra.repgrad``) and one made after a resume (whose
+    weights come back from the checkpoint in the file's sorted order) line up coordinate by
+    coordinate."""
+    return torch.cat([(new[k] - old[k]).flatten().float() for k in sorted(old) if is_float(old[k])])
 
 
 @register("cluster2")
