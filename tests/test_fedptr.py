@@ -594,3 +594,23 @@ def test_paper_presets_draw_a_partition_for_every_replicate(study, tmp_path):
         assert min(len(t) for t in part.train) >= cfg.partition.min_size == 10
         draws.add(hashlib.sha256(b"".join(t.tobytes() for t in part.train)).hexdigest())
     assert len(draws) == len(p["study"]["seeds"])
+
+
+def test_a_model_with_batchnorm_is_refused_before_any_data_loads_except_for_the_control():
+    """MTT's torch.func unroll cannot update BatchNorm running statistics (an in-place add on a
+    captured tensor at the first MTT round): the config check refuses it with one line naming
+    model.name; the no-MTT control (fedptr_noproj) trains such a model."""
+    from fedpipe.config import ConfigError
+    from fedpipe.config.dataset import dataset_config
+    from fedpipe.config.fl import fl_config, model_config
+    from fedpipe.pipeline.common import _check_method_model
+
+    ds = dataset_config({"name": "digits"})
+    bn = model_config({"name": "resnet8"})
+    for name in ("fedptr", "fedptr_s", "fedptr_s_once", "fedptr_fixed"):
+        with pytest.raises(ConfigError, match=r"model\.name.*BatchNorm"):
+            _check_method_model(name, algorithm_config(name, {}), bn, ds, fl_config({}))
+    _check_method_model("fedptr_noproj", algorithm_config("fedptr_noproj", {}), bn, ds,
+                        fl_config({}))
+    _check_method_model("fedptr", algorithm_config("fedptr", {}), model_config({"name": "mlp"}),
+                        ds, fl_config({}))

@@ -222,6 +222,21 @@ class FedPTRS(Strategy):
 
     config_class = FedPTRConfig
 
+    @classmethod
+    def adapt_model(cls, model: nn.Module, cfg: FedPTRConfig) -> nn.Module:
+        """The model as is, refused when MTT would unroll it and it keeps BatchNorm running
+        statistics: torch.func's functional unroll cannot update the captured buffers (an in-place
+        add on a captured tensor). MTT's ConvNet (instance norm), the MLP and models with group norm
+        train; the pipeline turns the refusal into one line naming model.name before any data
+        loads."""
+        if getattr(cfg, "target", "trajectory") != "current" and any(
+                isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+                for m in model.modules()):
+            raise ValueError("FedPTR's MTT unrolls the model with torch.func, which cannot update "
+                             "BatchNorm running statistics: a model without BatchNorm (convnet, mlp)"
+                             " or with norm: group")
+        return model
+
     # -- shared pieces ------------------------------------------------------------------------
     @property
     def mtt_settings(self) -> MTTSettings:
