@@ -33,13 +33,17 @@ def assert_identical(a, b):
 
 
 def with_changes(params: dict, **changes) -> dict:
-    """A deep copy of ``params`` with ``"section/key/...": value`` changes applied."""
+    """A deep copy of ``params`` with ``"section/key/...": value`` changes applied; a missing
+    ``algorithms.<name>`` section is made (params.yaml holds the default study's methods only)."""
     p = copy.deepcopy(params)
     for dotted, value in changes.items():
         node = p
         *head, last = dotted.split("/")
-        for k in head:
-            node = node[k]
+        for i, k in enumerate(head):
+            if i == 1 and head[0] == "algorithms":
+                node = node.setdefault(k, {})
+            else:
+                node = node[k]
         node[last] = value
     return p
 
