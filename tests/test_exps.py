@@ -10,7 +10,8 @@ from fedpipe.exps import table
 
 ROWS = [
     {"Experiment": None, "rev": "workspace", "dataset.name": "digits", "partition.scheme": "shards",
-     "partition.alpha": "None", "fl.rounds": 30, "fedavg.test_accuracy": 0.78889, "fedprox.test_accuracy": 0.8,
+     "partition.alpha": "None", "fl.rounds": 30, "fedavg.test_accuracy": 0.78889,
+     "fedprox.test_accuracy": 0.8,
      "fedavg.0.test_accuracy": 0.1, "classification.fedavg.test_accuracy": 0.2,
      "summary.held": 3.0, "summary.claims": 17.0},
     {"Experiment": "woozy-rubs", "rev": "abc1234", "dataset.name": "digits",
