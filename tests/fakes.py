@@ -1,6 +1,9 @@
 """Small stand-ins shared by the algorithm tests."""
 
 import copy
+import functools
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -101,3 +104,23 @@ def two_layer_strategy(name: str, cfg=None, local: LocalTrainConfig = FULL_BATCH
 
     return ALGORITHMS[name](task or MSETask(), model_fn, local, algorithm_config(name, cfg),
                             aggregation=aggregation, num_clients=num_clients)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _composed_default() -> str:
+    from fedpipe.pipeline.compose import compose_params
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return compose_params(REPO, [], output=str(Path(tmp) / "params.yaml")).read_text()
+
+
+def default_params() -> dict:
+    """The default study's params as conf/ composes them (what `make params` commits), never the
+    workspace's params.yaml: `dvc exp run` leaves its experiment's params.yaml in the workspace, and
+    no test's verdict may depend on that. A fresh copy per call."""
+    import yaml
+
+    return yaml.safe_load(_composed_default())

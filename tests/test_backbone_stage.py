@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from fakes import default_params
 
 from fedpipe.config import ConfigError
 from fedpipe.errors import InputError, SkippedStageError
@@ -26,7 +27,7 @@ from fedpipe.pipeline.plan import backbone_users, write_plan
 from fedpipe.pipeline.skip import BACKBONE_PLAN
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+PARAMS = default_params()
 
 
 def study(algorithms, **sections) -> dict:

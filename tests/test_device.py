@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from fakes import assert_identical
+from fakes import assert_identical, default_params
 from torch import nn
 
 import fedpipe.device as dev
@@ -27,7 +27,7 @@ from fedpipe.tasks import ClassificationTask
 from fedpipe.tasks.diffusion import DiffusionTask
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+PARAMS = default_params()
 
 
 def with_top(**top) -> dict:

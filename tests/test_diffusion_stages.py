@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from fakes import default_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,7 @@ from fedpipe.pipeline.partition import partition_and_write, partition_stage_conf
 from fedpipe.pipeline.warmup import warmup
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+PARAMS = default_params()
 
 # CPU-tiny settings: 4 IID clients, T = 10, 2 warm-up epochs, a 2-epoch FID classifier.
 TINY = {

@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
-from fakes import with_changes
+from fakes import default_params, with_changes
 from torch import nn
 
 from fedpipe.metrics import (
@@ -181,7 +180,7 @@ def test_evaluate_run_equals_the_per_model_computation(tmp_path, algorithm):
     from fedpipe.pipeline.inputs import partition_file
     from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = default_params()
     p = with_changes(params, **{"fl/rounds": 2, "fl/eval_every": 2, "fl/local/epochs": 1,
                                 "model/name": "resnet8", "model/kwargs": {},
                                 "partition/num_clients": 4, "study/algorithms": [algorithm],

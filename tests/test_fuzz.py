@@ -34,12 +34,13 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from fakes import default_params
 
 from fedpipe.config import ConfigError, load_params
 from fedpipe.pipeline.partition import partition_stage_config
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = yaml.safe_load((REPO / "params.yaml").read_text())
+BASE = default_params()
 INF, NAN = float("inf"), float("nan")
 DELETE = object()
 HANDLED = (ConfigError,)  # what fedpipe.cli.run_stage turns into one line and exit 2
@@ -61,6 +62,7 @@ try:
     HANDLED = (*HANDLED, DatasetNotFoundError)
 except ImportError:
     pass
+
 from fedpipe.errors import DivergenceError  # noqa: E402
 
 

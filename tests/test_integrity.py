@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from fakes import default_params
 
 from fedpipe.algorithms import ALGORITHMS
 from fedpipe.config import ConfigError  # noqa: F401 (below)
@@ -28,7 +29,7 @@ from fedpipe.io import content_hash, load_tensors, save_tensors, write_csv, writ
 from fedpipe.pipeline.partition import partition_stage_config
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = yaml.safe_load((REPO / "params.yaml").read_text())
+BASE = default_params()
 
 
 # -- corruptions -----------------------------------------------------------------------------------

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fakes import with_changes
+from fakes import default_params, with_changes
 
 from fedpipe.io import load_tensors
 from fedpipe.pipeline.inputs import partition_file
 from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+PARAMS = default_params()
 
 # Recorded from the code before replicates (main at 37e1f45), on the CPU with one torch thread: a
 # tiny warm-up and auxiliary set (4 IID clients, T = 10, 1 epoch) from root seed 0.

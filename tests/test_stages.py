@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes import with_changes
+from fakes import default_params, with_changes
 
 from fedpipe.config import ConfigError
 from fedpipe.pipeline.common import train_config
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+PARAMS = default_params()
 
 
 def params_with(**changes) -> dict:
