@@ -9,7 +9,7 @@ data/federate_ddpm/plan.json and data/plan/inputs/<algorithm>.json.
 from fedpipe.cli import run_stage
 from fedpipe.config import load_params
 from fedpipe.config.core import read_seed
-from fedpipe.pipeline.plan import write_plan
+from fedpipe.pipeline.plan import check_every_section, check_study, write_plan
 from fedpipe.tracking import stage_run
 
 
@@ -17,7 +17,8 @@ def main() -> None:
     params = load_params()
     read = {"study": params.get("study"), "algorithms": params.get("algorithms")}
     with stage_run("plan", read, read_seed(params)) as run:
-        plan = write_plan(params)  # validates study and algorithms; no data is loaded
+        check_every_section(params, check_study(params))  # every section, before any stage computes
+        plan = write_plan(params)  # no data is loaded
         run.log_tags({"plan.diffusion": str(plan["diffusion"]).lower(),
                       "plan.backbone": str(bool(plan["backbone"])).lower()})
     print("diffusion side:", "used" if plan["diffusion"] else "skipped (not used by this study)")

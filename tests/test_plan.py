@@ -131,3 +131,22 @@ def test_plan_refuses_a_method_on_a_track_it_cannot_train(tmp_path):
     del params["algorithms"]["scaffold"]  # a hand-edited params.yaml without a method's section
     with pytest.raises(ConfigError, match=r"algorithms\.scaffold=None"):
         write_plan(params, tmp_path)
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ("fl", "rounds", "abc"), ("partition", "num_clients", 0), ("model", "name", "vgg"),
+    ("warmup", "epochs", -1), ("diffusion_fl", "rounds", 0)])
+def test_plan_checks_every_section_before_any_stage_computes(tmp_path, section, key, value):
+    """`-S fl.rounds=abc` used to pass plan, partition, backbone and server data (27 s) before the
+    first training stage refused it: plan, the first stage DVC runs, now checks every section."""
+    from fakes import default_params
+
+    from fedpipe.config import ConfigError
+
+    from fedpipe.pipeline.plan import check_every_section, check_study
+
+    params = default_params()
+    check_every_section(params, check_study(params))  # the default study passes
+    params[section][key] = value
+    with pytest.raises(ConfigError, match=rf"{section}\.{key}"):
+        check_every_section(params, check_study(params))

@@ -165,6 +165,29 @@ def check_study(params: dict[str, Any]) -> StudyConfig:
     return study
 
 
+def check_every_section(params: dict[str, Any], study: StudyConfig) -> None:
+    """Every params section the study's stages read, checked as they check it (types, ranges,
+    what the methods need of the model and the data), so that a bad value (``-S fl.rounds=abc``)
+    stops the pipeline here, in the first stage, before any data is loaded or any stage computes:
+    the partition, each classification method's training config, and the diffusion track's
+    sections when the study uses it."""
+    from fedpipe.config import dataset_config
+    from fedpipe.config.diffusion import check_diffusion_models
+    from fedpipe.config.fl import fl_config
+    from fedpipe.config.partition import partition_config
+    from fedpipe.pipeline.common import train_config
+    from fedpipe.pipeline.diffusion import diffusion_stage_config
+
+    dataset = dataset_config(params.get("dataset"))
+    partition_config(params.get("partition")).check_against(dataset)
+    for name in study.algorithms:
+        train_config(params, name)
+    if study.diffusion_algorithms or study.diffusion_seeds:
+        cfg = diffusion_stage_config(params, "warmup")
+        fl_config(params.get("diffusion_fl"), "diffusion_fl")
+        check_diffusion_models(cfg.dataset, cfg.diffusion, cfg.fid)
+
+
 def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
     """Write the plan files under ``root`` (validating ``study`` and ``algorithms``); return the plan."""
     from fedpipe.pipeline.server_inputs import needed_kinds
