@@ -34,12 +34,35 @@ class UnknownKeyError(_Base):
     """A ``key=value`` override of a key the composed config does not have."""
 
 
+def section_fields(cfg: DictConfig, section: str) -> set[str]:
+    """The settings the config dataclass of top-level ``section`` has, for the option its conf
+    picked (``dataset.name``, ``partition.scheme``; ``fl``'s own), or an empty set."""
+    try:
+        import dataclasses
+
+        from fedpipe.config import DATASET_CONFIGS, PARTITION_CONFIGS
+        from fedpipe.config.fl import FLConfig
+    except ImportError:  # composed without fedpipe installed
+        return set()
+    node = cfg.get(section)
+    cls = {"dataset": lambda n: DATASET_CONFIGS.get(n.get("name")),
+           "partition": lambda n: PARTITION_CONFIGS.get(n.get("scheme")),
+           "fl": lambda n: FLConfig}.get(section, lambda n: None)(node) \
+        if isinstance(node, DictConfig) else None
+    return {f.name for f in dataclasses.fields(cls)} if cls else set()
+
+
 def unknown_key_message(cfg: DictConfig, key: str, value: str) -> str | None:
-    """fedpipe's line for ``key=value`` if ``key`` is not in ``cfg``, else None."""
+    """fedpipe's line for ``key=value`` if ``key`` is not in ``cfg``, else None. A setting that the
+    section's config has but its conf/ file does not write (``dataset.holdout_fraction`` on the
+    digits) is told apart from a misspelling: it is added with ``+``."""
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, throw_on_missing=False) if parent else cfg
     if isinstance(node, DictConfig) and leaf in node:
         return None
+    if "." not in parent and parent and leaf in section_fields(cfg, parent):
+        return (f"invalid config: {key}={value}; {key} is a setting of {parent} that its conf/ "
+                f"file does not write: add it with +{key}={value}")
     # the deepest existing section on the way, and its keys
     parts = key.split(".")
     depth = 0

@@ -138,3 +138,16 @@ def test_a_misspelt_group_option_is_one_line_as_dvc_composes(repo_root, tmp_path
     assert bad.returncode == 3, bad.stderr
     assert bad.stdout.strip() == ("UnknownKeyError invalid config: study=clasification; allowed: a "
                                   "file of conf/study/ (did you mean classification?)")
+
+
+def test_a_real_setting_that_conf_does_not_write_is_told_apart_from_a_misspelling():
+    """dataset.holdout_fraction is a field of the digits' config that conf/dataset/digits.yaml does
+    not write: the line says to add it with +, not "did you mean dataset.test_fraction?"."""
+    cfg = OmegaConf.create({"dataset": {"name": "digits", "test_fraction": 0.25},
+                            "fl": {"rounds": 3}, "partition": {"scheme": "iid"}})
+    assert unknown_key_message(cfg, "dataset.holdout_fraction", "0.2") == (
+        "invalid config: dataset.holdout_fraction=0.2; dataset.holdout_fraction is a setting of "
+        "dataset that its conf/ file does not write: add it with +dataset.holdout_fraction=0.2")
+    assert "did you mean dataset.test_fraction?" in unknown_key_message(cfg, "dataset.test_fractio",
+                                                                        "0.2")
+    assert "+fl.checkpoint_every=3" in unknown_key_message(cfg, "fl.checkpoint_every", "3")
