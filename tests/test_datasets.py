@@ -189,3 +189,32 @@ def test_missing_torchvision_files_one_clear_line(tmp_path, name, folder):
     msg = str(info.value)
     assert "\n" not in msg
     assert str(tmp_path / folder) in msg and "download=true" in msg
+
+
+def test_a_download_from_a_network_that_never_answers_is_one_line_within_the_timeout(
+        tmp_path, monkeypatch):
+    """dataset.download=true behind a network that accepts and never answers used to print nothing
+    for minutes: the download now times out (DOWNLOAD_TIMEOUT) into one line that does not suggest
+    dataset.download=true again."""
+    import socket
+    import time
+
+    import torchvision.datasets as tvd
+
+    import fedpipe.data.datasets as datasets
+    from fedpipe.config import dataset_config
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never answers
+    monkeypatch.setattr(tvd.MNIST, "mirrors", [f"http://127.0.0.1:{silent.getsockname()[1]}/"])
+    monkeypatch.setattr(datasets, "DOWNLOAD_TIMEOUT", 0.5)
+    cfg = dataset_config({"name": "mnist", "root": str(tmp_path), "download": True})
+    start = time.monotonic()
+    with pytest.raises(datasets.DatasetNotFoundError) as info:
+        datasets.load_dataset(cfg)
+    silent.close()
+    line = str(info.value)
+    assert time.monotonic() - start < 30 and "\n" not in line
+    assert "the download failed" in line and "dataset.download=true" not in line
+    assert socket.getdefaulttimeout() is None  # the process's default is left as it was

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import pickle
+import socket
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -213,6 +214,10 @@ _DAMAGED = (RuntimeError, AssertionError, ValueError, KeyError, IndexError, EOFE
             pickle.UnpicklingError)
 
 
+DOWNLOAD_TIMEOUT = 60.0
+"""Seconds a download waits on a silent connection before it fails (``dataset.download``)."""
+
+
 def load_torchvision(cfg: TorchvisionConfig) -> Dataset:
     """MNIST / Fashion-MNIST / CIFAR-10 / CIFAR-100 via torchvision from ``cfg.root``, or their
     stand-in when ``cfg.stand_in`` (:func:`load_stand_in`, nothing read).
@@ -228,16 +233,22 @@ def load_torchvision(cfg: TorchvisionConfig) -> Dataset:
     cls_name, folder, source = _TV[cfg.name]
     cls = getattr(tvd, cls_name)
     root = Path(cfg.root)
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT)  # a network that accepts and never answers: an error
     try:
         train_ds = cls(root=str(root), train=True, download=cfg.download)
         test_ds = cls(root=str(root), train=False, download=cfg.download)
         train, test = _tv_to_split(train_ds), _tv_to_split(test_ds)
-    except _DAMAGED as e:
+    except (*_DAMAGED, OSError) as e:
         why = " ".join(f"{type(e).__name__}: {e}".split())  # one line, whatever torchvision says
+        way = (f"the download failed; get the files from {source} and put them there, or "
+               "dataset.stand_in=true to run offline on stand-in data" if cfg.download else
+               f"get it from {source} and put it there, or set dataset.download=true on a machine "
+               "with internet")
         raise DatasetNotFoundError(
-            f"dataset {cfg.name} not found or corrupted in {root / folder}: get it from {source} "
-            f"and put it there, or set dataset.download=true on a machine with internet ({why})"
-        ) from None
+            f"dataset {cfg.name} not found or corrupted in {root / folder}: {way} ({why})") from None
+    finally:
+        socket.setdefaulttimeout(previous)
     mean, std = _channel_stats(train.x)
     classes = tuple(getattr(train_ds, "classes", ()) or ())
     n_classes = len(classes) if classes else int(train.y.max()) + 1
