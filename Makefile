@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench params clean-venv smoke ui exps estimate
+.PHONY: run test test-fast test-presets lint bench params clean-venv smoke ui exps estimate
 
 # Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run` named after its study, queued
 # and run SMOKE_JOBS at a time (one per core, one torch thread each unless FEDPIPE_THREADS says
@@ -39,10 +39,15 @@ smoke: $(STAMP)
 
 # Two test processes (one per core), a test file per process (module fixtures and order kept).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not at_size"
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not at_size"
+
+# Every paper preset's slice at full size on stand-in data (tests/test_presets_at_size.py): tens of
+# minutes per preset on a 2-core CPU, so not part of make test; PRESETS=<study> narrows it.
+test-presets: $(STAMP)
+	$(BIN)/python -m pytest -q -m at_size tests/test_presets_at_size.py $(if $(PRESETS),-k "$(PRESETS)")
 
 # The MLflow UI on the project's runs (artifact locations first moved to where the repository now is,
 # the runs still spooled by stages replayed: fedpipe.tracking.sync).

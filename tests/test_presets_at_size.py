@@ -196,7 +196,7 @@ def _warmup_capped() -> bool:
     return "steps" in WarmupConfig.__dataclass_fields__
 
 
-@pytest.mark.slow
+@pytest.mark.at_size
 @pytest.mark.parametrize("study", PRESETS)
 def test_preset_slice_runs_at_size(study, tmp_path, capsys):
     full = est.compose(REPO, [f"study={study}"], tmp_path / "probe.yaml")
@@ -230,6 +230,7 @@ def test_preset_slice_runs_at_size(study, tmp_path, capsys):
     from fedpipe.config.dataset import STAND_IN_NOTE
 
     assert STAND_IN_NOTE in (scratch / "data/report/report.md").read_text()
-    assert json.loads((scratch / "data/report/claims.json").read_text()).get("stand_in") is True
+    assert json.loads((scratch / "data/report/claims.json").read_text()).get("stand_in") == \
+        STAND_IN_NOTE
     assert all(r.replicate_s >= r.slice_s * 0.5 for r in result.rows)
     assert result.study_s >= result.replicate_s
