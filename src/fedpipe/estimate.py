@@ -7,8 +7,9 @@ then projected to the whole study.
 What runs
 ---------
 The study's params are composed as ``dvc exp run -S study=<study> -S <override> ...`` composes them
-(:func:`fedpipe.pipeline.compose.compose_params`, DVC's own Hydra composition, into a scratch
-folder; the repository's ``params.yaml`` is never touched): these are the *full* params. For a
+(:func:`fedpipe.pipeline.compose.compose_params`, DVC's own Hydra composition, from a copy of the
+repository's ``conf/`` and ``hydra_plugins/`` in a scratch folder; the repository's ``params.yaml``
+is never touched): these are the *full* params. For a
 torchvision dataset ``dataset.stand_in=true`` is added unless ``--no-stand-in`` (stand-in images of
 the real shape, classes and sizes: cost and plumbing real, numbers meaningless). The *slice* params
 are the full ones with these overrides, nothing else:
@@ -50,7 +51,8 @@ is printed. Each stage of ``dvc.yaml`` then runs once, as its own process
 does not use skips itself as under DVC. Wall time and peak RSS (``os.wait4``'s ``ru_maxrss``: the
 largest process of the stage's tree) are measured from outside; on CUDA, the probe also reports
 ``torch.cuda.max_memory_allocated``. A stage that fails prints its one-line error and the estimate
-exits 1 naming it.
+exits 1 naming it; Ctrl-C stops the running stage (exit 130). Either way the stages before it are
+still projected and printed, and the scratch folder is kept.
 
 How the parts are measured
 --------------------------
@@ -192,12 +194,23 @@ def repo_root() -> Path:
 
 
 def compose(root: Path, overrides: Sequence[str], out: Path) -> dict[str, Any]:
-    """Compose params as ``dvc exp run -S`` does, into ``out`` (the repo's params.yaml untouched)."""
+    """Compose params as ``dvc exp run -S`` does, into ``out``: ``root``'s ``conf/`` and
+    ``hydra_plugins/`` are copied beside ``out`` (``_compose/``) and composed there by
+    :func:`fedpipe.pipeline.compose.compose_params`, so that the repository's params.yaml is never
+    touched and a DVC run in the repository (which the Hydra plugin guards its params.yaml against)
+    does not stop the estimate."""
     from fedpipe.config.core import load_params
     from fedpipe.pipeline.compose import compose_params
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    compose_params(root, list(overrides), output=str(out.resolve()))  # root / absolute = absolute
+    out = out.resolve()
+    croot = out.parent / "_compose"
+    if croot.exists():
+        shutil.rmtree(croot)
+    for name in ("conf", "hydra_plugins"):
+        if (root / name).is_dir():
+            shutil.copytree(root / name, croot / name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+    compose_params(croot, list(overrides), output=str(out))  # croot / absolute = absolute
     return load_params(out)
 
 
@@ -1140,7 +1153,18 @@ def run_stage_process(root: Path, scratch: Path, site: Path, spec: StageSpec) ->
     with log_path.open("w") as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=scratch, env=env, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except KeyboardInterrupt:  # stop the stage as a Ctrl-C would, then let the caller report
+            import signal
+
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
         seconds = time.perf_counter() - t0
     rc = os.waitstatus_to_exitcode(status)
     proc.returncode = rc  # reaped by wait4
@@ -1336,6 +1360,17 @@ def device_line(full: dict[str, Any]) -> str:
     return f"cpu ({os.cpu_count()} cores, torch threads {threads})"
 
 
+STATE = "_estimate.json"
+"""The slice's record in its scratch folder (params, cuts, each stage's measurements), from which
+:func:`project_scratch` projects it again (``--project-only``)."""
+
+
+def _save_state(scratch: Path, state: dict[str, Any]) -> None:
+    tmp = scratch / (STATE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(scratch / STATE)
+
+
 def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = None,
              scratch: Path | None = None, root: Path | None = None, local_steps: int | None = None,
              budget: float = ROUND_BUDGET, log=print) -> Estimate:
@@ -1358,33 +1393,62 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
     slice_params = compose(root, base + cuts.overrides, scratch / "params.yaml")
     site = setup_scratch(root, scratch, bool(get(full, "dataset.stand_in", False)))
     specs = pipeline(root, slice_params)
-    full_specs = {s.per_replicate: None for s in expand_stages(
-        yaml.safe_load((root / "dvc.yaml").read_text()), full) if s.per_replicate}
-    seeds = {k: len(get(full, k) or []) for k in full_specs}
-    n_seeds = len(get(full, "study.seeds") or [])
     dev = device_line(full)
     log(f"device: {dev}; dataset {name}{' (stand-in)' if get(full, 'dataset.stand_in') else ''}")
-    runs: list[StageRun] = []
-    failed, error, sizes = None, "", []
-    load0 = os.getloadavg()[0]
+    state: dict[str, Any] = {"study": study, "root": str(root), "base": base, "device": dev,
+                             "cuts": asdict(cuts), "sizes": [], "runs": [],
+                             "load": [os.getloadavg()[0], 0.0], "failed": None, "error": ""}
     first_seed = (get(slice_params, "study.seeds") or [0])[0]
     for i, spec in enumerate(specs, 1):
         log(f"[{i}/{len(specs)}] {spec.address} ...")
-        run = run_stage_process(root, scratch, site, spec)
-        runs.append(run)
+        try:
+            run = run_stage_process(root, scratch, site, spec)
+        except KeyboardInterrupt:  # the stages so far are still projected
+            state["failed"], state["error"] = spec.address, "interrupted (Ctrl-C)"
+            log(f"[{i}/{len(specs)}] {spec.address}: interrupted; projecting the stages before it")
+            break
+        state["runs"].append(asdict(run))
+        state["load"][1] = os.getloadavg()[0]
+        _save_state(scratch, state)
         log(f"[{i}/{len(specs)}] {spec.address}: {run.seconds:.1f} s, peak {run.peak_mib:.0f} MiB"
             + (f", exit {run.rc}: {run.error}" if run.rc else ""))
         if run.rc:
-            failed, error = spec.address, run.error
+            state["failed"], state["error"] = spec.address, run.error
             break
-        if spec.name == "partition" and not sizes:  # the clients' sizes decide the step caps
-            sizes = client_sizes(scratch, first_seed)
-            step_caps(full, sizes, cuts, budget, local_steps, log)
+        if spec.name == "partition" and not state["sizes"]:  # the sizes decide the step caps
+            state["sizes"] = client_sizes(scratch, first_seed)
+            step_caps(full, state["sizes"], cuts, budget, local_steps, log)
             compose(root, base + cuts.overrides, scratch / "params.yaml")
+            state["cuts"] = asdict(cuts)
             for line in cuts.lines:
                 log(f"  slice: {line}")
-    if not sizes and not failed:
-        sizes = client_sizes(scratch, first_seed)
+    state["load"][1] = os.getloadavg()[0]
+    _save_state(scratch, state)
+    return project_scratch(scratch)
+
+
+def project_scratch(scratch: Path) -> Estimate:
+    """The estimate of the slice recorded in ``scratch`` (:data:`STATE`): every stage that ran,
+    projected by the rules of this module."""
+    scratch = Path(scratch).resolve()
+    state = json.loads((scratch / STATE).read_text())
+    root = Path(state["root"])
+    from fedpipe.config.core import load_params
+
+    full = load_params(scratch / "params.full.yaml")
+    slice_params = load_params(scratch / "params.yaml")
+    c = state["cuts"]
+    cuts = Cuts(**{**c, "kd": {k: tuple(v) for k, v in (c.get("kd") or {}).items()},
+                   "corruption_pairs": tuple(c["corruption_pairs"]) if c.get("corruption_pairs")
+                   else None})
+    runs = [StageRun(**r) for r in state["runs"]]
+    specs = {s.address: s for s in pipeline(root, slice_params)}
+    per = {s.per_replicate for s in expand_stages(yaml.safe_load((root / "dvc.yaml").read_text()),
+                                                   full) if s.per_replicate}
+    seeds = {k: len(get(full, k) or []) for k in per}
+    n_seeds = len(get(full, "study.seeds") or [])
+    sizes = state["sizes"] or (client_sizes(scratch, (get(slice_params, "study.seeds") or [0])[0])
+                               if (scratch / "data" / "partition").is_dir() else [])
     # one cost per image-step for the study's sampling: its largest call in a stage's own process
     main_samples = []
     for run in runs:
@@ -1393,18 +1457,21 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         main_samples += [e for e in ev if e["kind"] == "sample" and e.get("pid") == pid]
     unit = sample_unit(main_samples, None)
     rows = []
-    by_address = {s.address: s for s in specs}
     for run in runs:
-        spec = by_address[run.address]
-        p1, pn = project_stage(run, spec, full, cuts, _events(scratch, run.address), unit, sizes,
-                               n_seeds)
+        spec = specs[run.address]
+        if run.rc:  # a failed stage: as measured, nothing to project
+            p1, pn = Projection(run.seconds, run.seconds, run.seconds), None
+        else:
+            p1, pn = project_stage(run, spec, full, cuts, _events(scratch, run.address), unit,
+                                   sizes, n_seeds)
         mult = seeds.get(spec.per_replicate, 1) if spec.per_replicate else 1
         study_s = pn.projected if pn is not None else p1.projected * mult
         rows.append(Row(run.address, run.name, run.seconds, run.cpu_s, p1.projected, mult, study_s,
                         run.peak_mib, run.gpu_mib, note_of(spec, p1), p1.parts))
-    return Estimate(study, dev, str(scratch), rows, cuts.lines, base + cuts.overrides,
-                    sum(r.replicate_s for r in rows), sum(r.study_s for r in rows),
-                    sum(r.slice_s for r in rows), n_seeds, failed, error, (load0, os.getloadavg()[0]))
+    return Estimate(state["study"], state["device"], str(scratch), rows, cuts.lines,
+                    state["base"] + cuts.overrides, sum(r.replicate_s for r in rows),
+                    sum(r.study_s for r in rows), sum(r.slice_s for r in rows), n_seeds,
+                    state["failed"], state["error"], tuple(state["load"]))
 
 
 def report(est: Estimate) -> str:
@@ -1443,17 +1510,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--local-steps", type=int, default=None,
                     help="cap every client's local steps in the slice at N (0: never cut; default: "
                     "only where a round would exceed --round-budget)")
+    ap.add_argument("--project-only", action="store_true",
+                    help="run nothing: project again the slice recorded in --scratch (after an "
+                    "interruption, or to see a rule's effect)")
     ap.add_argument("--round-budget", type=float, default=ROUND_BUDGET,
                     help=f"seconds a slice round may take before local steps are cut ({ROUND_BUDGET:.0f})")
     args = ap.parse_args(argv)
     keep = args.scratch is not None
     from fedpipe.config import ConfigError
+    from fedpipe.errors import CompositionError
 
+    if args.project_only:
+        if args.scratch is None or not (args.scratch / STATE).is_file():
+            print(f"error: --project-only needs --scratch, a folder holding a slice's {STATE}",
+                  file=sys.stderr)
+            return 2
+        est = project_scratch(args.scratch)
+        print(report(est), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(asdict(est), indent=2) + "\n")
+        return 0
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix=f"fedpipe-estimate-{args.study}-"))
     try:
-        est = estimate(args.study, [*args.overrides, *args.more], args.stand_in, args.scratch, args.root,
+        est = estimate(args.study, [*args.overrides, *args.more], args.stand_in, scratch, args.root,
                        local_steps=args.local_steps, budget=args.round_budget,
                        log=lambda s: print(s, flush=True))
-    except ConfigError as e:
+    except (ConfigError, CompositionError) as e:  # a study or override that does not compose
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report(est), flush=True)
@@ -1463,7 +1547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if est.failed:
         print(f"error: stage {est.failed} failed: {est.error} (its log: "
               f"{Path(est.scratch) / '_logs' / (est.failed + '.log')})", file=sys.stderr)
-        return 1
+        return 130 if est.error.startswith("interrupted") else 1
     if not keep:
         shutil.rmtree(est.scratch, ignore_errors=True)
     return 0
