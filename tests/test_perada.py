@@ -367,7 +367,7 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="server_data"):
         algorithm_config("feddf", {"server_data": "aux"})
     with pytest.raises(ConfigError, match="corruptions"):
-        check_study({"study": {"corruptions": ["fog"]}})
+        check_study({"study": {"corruptions": ["fog"]}, "algorithms": {"fedavg": {}}})
     with pytest.raises(ConfigError, match="holdout_fraction"):
         build(DigitsConfig, {"holdout_fraction": 0.9}, "dataset")
 

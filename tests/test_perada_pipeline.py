@@ -77,8 +77,16 @@ def test_dvc_reruns_a_backbone_reader_only_when_the_file_changes(tmp_path):
               "cmd": "cp data/plan/inputs/${item.algorithm}.json read_${item.algorithm}.json",
               "deps": [reader_dep], "outs": ["read_${item.algorithm}.json"]}
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"plan": plan, "reader": reader}}))
-    params = plan_params("bb.safetensors")
-    params["study"]["algorithms"] = ["perada", "fedavg"]
+    # the whole params file: the plan stage checks every section before any other stage runs
+    from fakes import default_params
+
+    params = default_params()
+    params["study"] |= {"algorithms": ["perada", "fedavg"], "diffusion_algorithms": [],
+                        "diffusion_seeds": [], "server_data_from": "partition"}
+    params["algorithms"] = {k: v for k, v in plan_params("bb.safetensors")["algorithms"].items()
+                            if k in ("perada", "fedavg")}
+    params["dataset"]["holdout_fraction"] = 0.2  # PerAda's holdout server data
+    params["model"] = {"name": "resnet8", "kwargs": {}}  # residual blocks for its adapters
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     save_tensors(tmp_path / "bb.safetensors", {"w": torch.ones(3)})
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "src"),

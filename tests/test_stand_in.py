@@ -150,7 +150,10 @@ COST_SCRIPT = textwrap.dedent("""
     t = time.perf_counter()
     ds = load_dataset(cfg)
     seconds = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    # VmHWM, this process image's own peak: ru_maxrss survives exec, so a child of a big pytest
+    # worker would report the worker's size
+    with open("/proc/self/status") as f:
+        peak = next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 1024  # KiB
     out = sum(s.x.nbytes + s.y.nbytes for s in (ds.train, ds.test)) / 2**20
     print(json.dumps({"seconds": round(seconds, 2), "peak_mib": round(peak - base),
                       "output_mib": round(out), "threads": torch.get_num_threads()}))
