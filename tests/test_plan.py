@@ -142,7 +142,6 @@ def test_plan_checks_every_section_before_any_stage_computes(tmp_path, section, 
     from fakes import default_params
 
     from fedpipe.config import ConfigError
-
     from fedpipe.pipeline.plan import check_every_section, check_study
 
     params = default_params()
