@@ -1,6 +1,7 @@
 """The paper presets at their real size (stand-in data) and the cost estimate's arithmetic.
 
-The slow tests run :mod:`fedpipe.estimate`'s slice of each paper preset: every stage of the pipeline
+The at-size tests (marker ``at_size``, ``make test-presets``, not in ``make test``) run
+:mod:`fedpipe.estimate`'s slice of each paper preset: every stage of the pipeline
 once, at the preset's model size, client count, batch sizes and data size (stand-in images of the
 real shapes), one replicate, one round, local steps cut only where a round would not fit the round
 budget. They check that every stage ran and wrote its outputs, and that the report and the claims say
@@ -189,7 +190,19 @@ def test_slice_overrides_cut_only_what_they_say(tmp_path):
     assert cuts.corruption_pairs == (30, 2) and "fl.rounds=1" in cuts.overrides
 
 
-# -- the presets at size (slow) -----------------------------------------------------------------
+def test_the_printed_estimate_fits_120_columns():
+    rows = [est.Row("federate_ddpm@fedddpm_plus-12345", "federate_ddpm", 1234.5, 2345.6, 9.9e6, 3,
+                    3e7, 123456.0, None, "600r x 1,234, 60ev x 12,345, FID 1,234,567")]
+    e = est.Estimate("fedddpm_cifar100", "cpu (2 cores, torch threads 2)", "/tmp/x", rows,
+                     ["fl.local.steps: null -> 3 per client (full: 5 epoch(s), 41.5 steps per client "
+                      "on average; one step 0.82 s here, 10 clients per round, budget 60 s)"],
+                     [], 9.9e6, 3e7, 1234.5, 3, "federate_ddpm@fedddpm_plus-12345", "x " * 80)
+    text = est.report(e)
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert "FAILED at stage federate_ddpm@fedddpm_plus-12345" in text
+
+
+# -- the presets at size (marker at_size: make test-presets) -------------------------------------
 def _warmup_capped() -> bool:
     from fedpipe.config.diffusion import WarmupConfig
 
@@ -234,3 +247,4 @@ def test_preset_slice_runs_at_size(study, tmp_path, capsys):
         STAND_IN_NOTE
     assert all(r.replicate_s >= r.slice_s * 0.5 for r in result.rows)
     assert result.study_s >= result.replicate_s
+

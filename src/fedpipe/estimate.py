@@ -48,11 +48,13 @@ is printed. Each stage of ``dvc.yaml`` then runs once, as its own process
 (``python stages/<stage>.py`` in the scratch folder, ``DVC_STAGE=<address>``,
 ``FEDPIPE_TRACKING=off``), in an order that respects every dependency in ``dvc.yaml``
 (:func:`stage_order`: a topological sort of the expanded stages, ties in file order); a stage the plan
-does not use skips itself as under DVC. Wall time and peak RSS (``os.wait4``'s ``ru_maxrss``: the
-largest process of the stage's tree) are measured from outside; on CUDA, the probe also reports
-``torch.cuda.max_memory_allocated``. A stage that fails prints its one-line error and the estimate
-exits 1 naming it; Ctrl-C stops the running stage (exit 130). Either way the stages before it are
-still projected and printed, and the scratch folder is kept.
+does not use skips itself as under DVC. Wall time and CPU time are measured from outside
+(``os.wait4``); the peak memory is the sum over the stage's processes of each one's own peak RSS
+(``VmHWM``, read by the probe: ``ru_maxrss`` would count the estimate's own size, which a child
+inherits at ``exec``); on CUDA, the probe also reports ``torch.cuda.max_memory_allocated``. A stage
+that fails prints its one-line error and the estimate exits 1 naming it; Ctrl-C stops the running
+stage (exit 130). Either way the stages before it are still projected and printed, and the scratch
+folder is kept; ``--resume`` with that ``--scratch`` runs the stages from there on.
 
 How the parts are measured
 --------------------------
@@ -357,6 +359,16 @@ if _DIR:
     _STACK = []
     _ROUND = [None]
 
+    def _hwm():  # this process image's own peak RSS (ru_maxrss would include its parent's: exec)
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     def _emit(rec):
         rec["pid"] = os.getpid()
         with open(os.path.join(_DIR, "events.%d.jsonl" % os.getpid()), "a") as f:
@@ -371,6 +383,8 @@ if _DIR:
         finally:
             _STACK.pop()
         rec = {"kind": kind, "ctx": ctx, "round": rnd, "t0": t0, "s": time.perf_counter() - p0}
+        if kind in ("local", "sample"):  # a worker process runs no atexit: its peak so far
+            rec["hwm"] = _hwm()
         rec.update(info or {})
         if after is not None:
             try:
@@ -499,6 +513,7 @@ if _DIR:
     import atexit
 
     def _cuda():
+        _emit({"kind": "mem", "hwm": _hwm()})
         t = sys.modules.get("torch")
         try:
             if t is not None and t.cuda.is_available() and t.cuda.is_initialized():
@@ -1169,10 +1184,24 @@ def run_stage_process(root: Path, scratch: Path, site: Path, spec: StageSpec) ->
     rc = os.waitstatus_to_exitcode(status)
     proc.returncode = rc  # reaped by wait4
     text = log_path.read_text(errors="replace")
-    gpu = [e["max_allocated"] for e in read_events(probe) if e["kind"] == "cuda"]
-    return StageRun(spec.address, spec.name, seconds, usage.ru_maxrss / 1024.0, rc,
+    events = read_events(probe)
+    gpu = [e["max_allocated"] for e in events if e["kind"] == "cuda"]
+    peak = tree_peak(events)
+    return StageRun(spec.address, spec.name, seconds,
+                    peak / 2**20 if peak else usage.ru_maxrss / 1024.0, rc,
                     last_error(text) if rc else "", max(gpu) / 2**20 if gpu else None, str(log_path),
                     usage.ru_utime + usage.ru_stime)
+
+
+def tree_peak(events: Sequence[dict[str, Any]]) -> int | None:
+    """Bytes: the sum over the stage's processes (the stage and its workers) of each one's own
+    peak RSS (``VmHWM``, the largest the probe saw), an upper bound of the tree's peak; None
+    without a reading (then ``wait4``'s ``ru_maxrss``, which counts the parent's size at ``exec``)."""
+    peaks: dict[int, int] = {}
+    for e in events:
+        if e.get("hwm"):
+            peaks[e["pid"]] = max(peaks.get(e["pid"], 0), int(e["hwm"]))
+    return sum(peaks.values()) if peaks else None
 
 
 # -- the estimate --------------------------------------------------------------------------------
@@ -1310,40 +1339,43 @@ def human(s: float) -> str:
 
 def note_of(spec: StageSpec, p: Projection) -> str:
     parts = p.parts
-    if "per_round" in parts:
-        bits = [f"{parts['rounds']:.0f} rnd x {_fmt_s(parts['per_round'])} s"]
+    if "per_round" in parts:  # rounds x s per round + evaluations x s each + QuickTest + final FID
+        bits = [f"{parts['rounds']:.0f}r x {_fmt_s(parts['per_round'])}"]
         if parts.get("evals"):
-            bits.append(f"{parts['evals']:.0f} eval x {_fmt_s(parts['eval_each'])} s")
-        if parts.get("quicktest"):
-            bits.append(f"QT {_fmt_s(parts['quicktest'])} s")
-        if parts.get("final_sampling"):
-            bits.append(f"final FID {_fmt_s(parts['final_sampling'])} s")
+            bits.append(f"{parts['evals']:.0f}ev x {_fmt_s(parts['eval_each'])}")
+        sampled = parts.get("quicktest", 0.0) + parts.get("final_sampling", 0.0)
+        if sampled:
+            bits.append(f"FID {_fmt_s(sampled)}")
         return ", ".join(bits)
     if "factor" in parts and parts["factor"] != 1.0:
-        return f"{_fmt_s(parts['scaled_part'])} s x {parts['factor']:.4g}"
+        return f"{_fmt_s(parts['scaled_part'])} x {parts['factor']:.4g}"
     if "sampling_full" in parts:
-        return f"sampling {_fmt_s(parts['sampling'])} -> {_fmt_s(parts['sampling_full'])} s"
+        return f"sampling {_fmt_s(parts['sampling'])} -> {_fmt_s(parts['sampling_full'])}"
     if "corrupted_factor" in parts and parts["corrupted_factor"] != 1.0:
-        return f"corrupted sets x {parts['corrupted_factor']:.4g}"
+        return f"corrupted x {parts['corrupted_factor']:.4g}"
     return "as measured"
 
 
 def table(est: Estimate) -> str:
-    """The estimate as text within 120 columns."""
+    """The estimate as text within 120 columns: per stage its slice's wall and CPU seconds, its
+    projection for one replicate, the replicates it runs in the study (x), the study's seconds, its
+    peak memory and what was scaled (``200r x 38.5, 10ev x 112``: 200 rounds of 38.5 s and 10
+    evaluations of 112 s; ``FID``: the final FID's and QuickTest's sampling, s; ``a x f``: a part
+    of ``a`` s times ``f``)."""
     gpu = any(r.gpu_mib is not None for r in est.rows)
-    head = (f"{'stage':<30} {'slice s':>9} {'cpu s':>7} {'1 replicate s':>14} {'x':>3} "
+    head = (f"{'stage':<28} {'slice s':>9} {'cpu s':>7} {'replicate s':>13} {'x':>3} "
             f"{'study s':>13} "
-            f"{'peak MiB':>9}{' GPU MiB' if gpu else ''}  scaled by")
+            f"{'peak MiB':>9}{' GPU MiB' if gpu else ''}  scaled (s)")
     lines = [head, "-" * min(len(head) + 20, 120)]
     for r in est.rows:
         g = f" {r.gpu_mib:>7.0f}" if gpu and r.gpu_mib is not None else (" " * 8 if gpu else "")
-        line = (f"{r.address[:30]:<30} {_fmt_s(r.slice_s):>9} {_fmt_s(r.cpu_s):>7} "
-                f"{_fmt_s(r.replicate_s):>14} "
+        line = (f"{r.address[:28]:<28} {_fmt_s(r.slice_s):>9} {_fmt_s(r.cpu_s):>7} "
+                f"{_fmt_s(r.replicate_s):>13} "
                 f"{r.multiplier:>3} {_fmt_s(r.study_s):>13} {r.peak_mib:>9.0f}{g}  {r.note}")
         lines.append(line[:120])
     lines.append("-" * min(len(head) + 20, 120))
-    lines.append(f"{'total':<30} {_fmt_s(est.slice_s):>9} {_fmt_s(sum(r.cpu_s for r in est.rows)):>7} "
-                 f"{_fmt_s(est.replicate_s):>14} "
+    lines.append(f"{'total':<28} {_fmt_s(est.slice_s):>9} {_fmt_s(sum(r.cpu_s for r in est.rows)):>7} "
+                 f"{_fmt_s(est.replicate_s):>13} "
                  f"{'':>3} {_fmt_s(est.study_s):>13} "
                  f"{max((r.peak_mib for r in est.rows), default=0):>9.0f}")
     return "\n".join(lines)
@@ -1360,6 +1392,10 @@ def device_line(full: dict[str, Any]) -> str:
     return f"cpu ({os.cpu_count()} cores, torch threads {threads})"
 
 
+class EstimateError(Exception):
+    """A request the estimate cannot serve (one line, exit code 2)."""
+
+
 STATE = "_estimate.json"
 """The slice's record in its scratch folder (params, cuts, each stage's measurements), from which
 :func:`project_scratch` projects it again (``--project-only``)."""
@@ -1373,33 +1409,60 @@ def _save_state(scratch: Path, state: dict[str, Any]) -> None:
 
 def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = None,
              scratch: Path | None = None, root: Path | None = None, local_steps: int | None = None,
-             budget: float = ROUND_BUDGET, log=print) -> Estimate:
+             budget: float = ROUND_BUDGET, log=print, resume: bool = False) -> Estimate:
     """Run the slice of ``study`` in ``scratch`` (a new temporary folder if None; kept) and project
-    it. ``stand_in`` None: on for a torchvision dataset."""
+    it. ``stand_in`` None: on for a torchvision dataset. ``resume``: ``scratch`` holds a slice of
+    the same study and overrides that stopped (a failure, Ctrl-C, a killed process): its
+    finished stages are kept and the others run."""
+    from fedpipe.config.core import load_params
+
     root = (root or repo_root()).resolve()
     scratch = Path(scratch or tempfile.mkdtemp(prefix=f"fedpipe-estimate-{study}-")).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     base = [f"study={study}", *overrides]
-    log(f"composing {study} (as dvc exp run -S study={study}{''.join(' -S ' + o for o in overrides)})"
-        f" in {scratch}")
-    full = compose(root, base, scratch / "params.full.yaml")
-    name = get(full, "dataset.name")
-    if stand_in is None:
-        stand_in = name in TORCHVISION
-    if stand_in and name in TORCHVISION and not get(full, "dataset.stand_in", False):
-        base.append("dataset.stand_in=true")
+    state: dict[str, Any] | None = None
+    if resume and (scratch / STATE).is_file():
+        state = json.loads((scratch / STATE).read_text())
+        if state["study"] != study or state["base"][:len(base)] != base:
+            raise EstimateError(f"{scratch} holds a slice of {' '.join(state['base'])}, not of "
+                             f"{' '.join(base)}: --resume needs the same study and overrides")
+    if state is not None:
+        log(f"resuming the slice in {scratch}")
+        base = state["base"]
+        full = load_params(scratch / "params.full.yaml")
+        c = state["cuts"]
+        cuts = Cuts(**{**c, "kd": {k: tuple(v) for k, v in (c.get("kd") or {}).items()},
+                       "corruption_pairs": tuple(c["corruption_pairs"])
+                       if c.get("corruption_pairs") else None})
+        slice_params = load_params(scratch / "params.yaml")
+        state["runs"] = [r for r in state["runs"] if r["rc"] == 0]
+        state["failed"], state["error"] = None, ""
+    else:
+        log(f"composing {study} (as dvc exp run -S study={study}"
+            f"{''.join(' -S ' + o for o in overrides)}) in {scratch}")
         full = compose(root, base, scratch / "params.full.yaml")
-    cuts = slice_cuts(full)
-    slice_params = compose(root, base + cuts.overrides, scratch / "params.yaml")
+        name = get(full, "dataset.name")
+        if stand_in is None:
+            stand_in = name in TORCHVISION
+        if stand_in and name in TORCHVISION and not get(full, "dataset.stand_in", False):
+            base.append("dataset.stand_in=true")
+            full = compose(root, base, scratch / "params.full.yaml")
+        cuts = slice_cuts(full)
+        slice_params = compose(root, base + cuts.overrides, scratch / "params.yaml")
     site = setup_scratch(root, scratch, bool(get(full, "dataset.stand_in", False)))
     specs = pipeline(root, slice_params)
     dev = device_line(full)
-    log(f"device: {dev}; dataset {name}{' (stand-in)' if get(full, 'dataset.stand_in') else ''}")
-    state: dict[str, Any] = {"study": study, "root": str(root), "base": base, "device": dev,
-                             "cuts": asdict(cuts), "sizes": [], "runs": [],
-                             "load": [os.getloadavg()[0], 0.0], "failed": None, "error": ""}
+    log(f"device: {dev}; dataset {get(full, 'dataset.name')}"
+        f"{' (stand-in)' if get(full, 'dataset.stand_in') else ''}")
+    if state is None:
+        state = {"study": study, "root": str(root), "base": base, "device": dev,
+                 "cuts": asdict(cuts), "sizes": [], "runs": [], "load": [os.getloadavg()[0], 0.0],
+                 "failed": None, "error": ""}
+    done = {r["address"] for r in state["runs"]}
     first_seed = (get(slice_params, "study.seeds") or [0])[0]
     for i, spec in enumerate(specs, 1):
+        if spec.address in done:
+            continue
         log(f"[{i}/{len(specs)}] {spec.address} ...")
         try:
             run = run_stage_process(root, scratch, site, spec)
@@ -1474,19 +1537,31 @@ def project_scratch(scratch: Path) -> Estimate:
                     state["failed"], state["error"], tuple(state["load"]))
 
 
+def _wrap(text: str, indent: str = "") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, 120, initial_indent=indent, subsequent_indent=indent + "    ",
+                         break_on_hyphens=False)
+
+
 def report(est: Estimate) -> str:
+    """The estimate as printed: the cuts, the table, the totals (every line within 120 columns)."""
     lines = [f"estimate of study {est.study} on {est.device}", "slice (only these cut):"]
-    lines += [f"  {c}" for c in est.cuts]
+    for c in est.cuts:
+        lines += _wrap(c, "  ")
     lines.append(table(est))
-    lines.append(f"slice: {human(est.slice_s)}; projected: one replicate {human(est.replicate_s)}, "
-                 f"the whole study ({est.seeds} replicates) {human(est.study_s)}")
+    tail = []
+    tail.append(f"slice: {human(est.slice_s)}; projected: one replicate {human(est.replicate_s)}, "
+                f"the whole study ({est.seeds} replicates) {human(est.study_s)}")
     cpu = sum(r.cpu_s for r in est.rows)
-    lines.append(f"the slice's processes used {cpu / max(est.slice_s, 1e-9):.2f} of {os.cpu_count()} "
-                 f"cores on average (load average {est.load[0]:.1f} at its start, {est.load[1]:.1f} at "
-                 "its end): the projection is this machine's wall time at this load")
+    tail.append(f"the slice's processes used {cpu / max(est.slice_s, 1e-9):.2f} of {os.cpu_count()} "
+                f"cores on average (load average {est.load[0]:.1f} at its start, {est.load[1]:.1f} at "
+                "its end): the projection is this machine's wall time at this load")
     if est.failed:
-        lines.append(f"FAILED at stage {est.failed}: {est.error} (the projection covers the stages "
-                     "before it only)")
+        tail.append(f"FAILED at stage {est.failed}: {est.error} (the projection covers the stages "
+                    "before it only)")
+    for t in tail:
+        lines += _wrap(t)
     return "\n".join(lines)
 
 
@@ -1510,6 +1585,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--local-steps", type=int, default=None,
                     help="cap every client's local steps in the slice at N (0: never cut; default: "
                     "only where a round would exceed --round-budget)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the slice kept in --scratch (same study and overrides) from its "
+                    "first stage that did not finish")
     ap.add_argument("--project-only", action="store_true",
                     help="run nothing: project again the slice recorded in --scratch (after an "
                     "interruption, or to see a rule's effect)")
@@ -1533,9 +1611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix=f"fedpipe-estimate-{args.study}-"))
     try:
         est = estimate(args.study, [*args.overrides, *args.more], args.stand_in, scratch, args.root,
-                       local_steps=args.local_steps, budget=args.round_budget,
+                       local_steps=args.local_steps, budget=args.round_budget, resume=args.resume,
                        log=lambda s: print(s, flush=True))
-    except (ConfigError, CompositionError) as e:  # a study or override that does not compose
+    except (ConfigError, CompositionError, EstimateError) as e:  # it does not compose / resume
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
