@@ -278,3 +278,35 @@ def test_diffusion_task_batched_equals_serial(opt):
     diff = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
     update = sum(float(((a[k] - w0[k]) ** 2).sum()) for k in a) ** 0.5
     assert diff < ADAM_UPDATE_RTOL * update, (diff, update)  # measured 2.4e-3
+
+
+@pytest.mark.parametrize("local", [LocalTrainConfig(epochs=2, batch_size=4),
+                                   LocalTrainConfig(steps=7, batch_size=3),
+                                   LocalTrainConfig(steps=2, batch_size=16)])
+def test_gathered_batches_are_the_serial_executors(local):
+    """The one-gather path (classification, no feature skew) hands each active client, at each
+    step, exactly the batch ``iterate_batches`` draws from the same stream: same rows, same order,
+    padded with mask-0 rows only; clients of unequal size, epochs cycling, a batch wider than a
+    client."""
+    from fedpipe.fl.batched import _Gather, num_steps
+    from fedpipe.fl.local import iterate_batches
+    from fedpipe.rng import torch_generator
+
+    sizes = [11, 9, 5, 2]  # sorted by steps, longest first, as train_clients orders them
+    datas = [ClientData(torch.arange(n * 2, dtype=torch.float32).view(n, 2) + 100 * j,
+                        torch.arange(n) + 10 * j) for j, n in enumerate(sizes)]
+    steps = [num_steps(n, local) for n in sizes]
+    gather = _Gather(datas, steps, [torch_generator(0, "t", j) for j in range(4)], local,
+                     torch.device("cpu"))
+    iters = [iterate_batches(d, local, torch_generator(0, "t", j)) for j, d in enumerate(datas)]
+    for s in range(max(steps)):
+        a = sum(1 for st in steps if st > s)
+        (x, y), mask = gather.step(s, a)
+        for j in range(a):
+            bx, by = next(iters[j])
+            m = mask[j].bool()
+            assert int(m.sum()) == len(by) and bool(m[:len(by)].all())
+            assert torch.equal(x[j][m], bx) and torch.equal(y[j][m], by)
+            assert not x[j][~m].any() and not y[j][~m].any()
+    for j, it in enumerate(iters):
+        assert next(it, None) is None, f"client {j} has batches the gather never handed out"

@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedpipe.device import autocast
+from fedpipe.device import autocast, generator_on
 from fedpipe.fl.executors import SerialExecutor
 from fedpipe.fl.local import iterate_batches, trainable_parameters
 from fedpipe.fl.state import Weights, repeated_names
@@ -275,12 +275,18 @@ def train_clients(strategy: Strategy, plans: Sequence[LocalPlan], datas: Sequenc
                                                      0 if use_prox else None,
                                                      0 if use_prox else None))
     opt = _StackedOptimizer(cfg, lr, params)
-    iters = [iterate_batches(datas[i], cfg, gens[i]) for i in order]
+    gather = (_Gather([datas[i] for i in order], [steps[i] for i in order],
+                      [gens[i] for i in order], cfg, device)
+              if _Gather.applies(task_loss, datas) else None)
+    iters = [] if gather else [iterate_batches(datas[i], cfg, gens[i]) for i in order]
     loss_sum = torch.zeros(k, dtype=torch.float64, device=device)  # read once, at the end
     for s in range(s_max):
         a = sum(1 for i in order if steps[i] > s)  # active clients: order[:a]
-        inputs, mask = _pad([task_loss.inputs(next(iters[j]), gens[order[j]], device)
-                             for j in range(a)])
+        if gather is not None:
+            inputs, mask = gather.step(s, a)
+        else:
+            inputs, mask = _pad([task_loss.inputs(next(iters[j]), gens[order[j]], device)
+                                 for j in range(a)])
         sl = {n: v[:a] for n, v in params.items()}
         cl = {n: v[:a] for n, v in consts.items()}
         grads, loss = step_fn(sl, cl, inputs, mask,
@@ -310,6 +316,61 @@ def train_clients(strategy: Strategy, plans: Sequence[LocalPlan], datas: Sequenc
             g = {n: gsum[n][j].clone() for n in train_names} if plans[i].grad_sum else None
             out[i] = (w, metrics, g)
     return out
+
+
+class _Gather:
+    """Every active client's batch of a step as ONE gather from the round's clients' data, laid end
+    to end on the device (classification, clients without feature skew: the only draws are each
+    epoch's shuffle). Each client's epoch orders are drawn up front, from its own stream, in the
+    order :func:`~fedpipe.fl.local.iterate_batches` draws them (one ``randperm`` per epoch on the
+    data's device, nothing drawn between them), so its batches are the serial executor's; the
+    batch of client j at step s is rows ``[t b, min((t+1) b, n_j))`` of its epoch ``s // nb_j``'s
+    order (``t = s mod nb_j``, ``nb_j = ceil(n_j / b)``), padded to the widest batch with a zero
+    sample of mask 0. The per-client Python work and the per-client index, stack and pad kernels of
+    :func:`_pad` (hundreds of launches a step at 100 clients, where a GPU waits on the host) become
+    two index kernels a step."""
+
+    @staticmethod
+    def applies(task_loss, datas: Sequence) -> bool:
+        return isinstance(task_loss, ClassificationLoss) and all(
+            d.skew[0] == "none" or d.skew[1] == 0 for d in datas)
+
+    def __init__(self, datas: Sequence, steps: Sequence[int], gens: Sequence[torch.Generator],
+                 cfg, device: torch.device):
+        b = cfg.batch_size
+        xs = [d.x.to(device) for d in datas]
+        ys = [d.y.to(device) for d in datas]
+        self.x = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))])  # last row: the pad
+        self.y = torch.cat([*ys, ys[0].new_zeros(1)])
+        sizes = [len(d) for d in datas]
+        width = min(b, max(sizes)) if sizes else 1
+        k, s_max = len(datas), max(steps, default=0)
+        host = torch.device("cpu")  # the positions are built on the host, then copied once
+        pos = torch.full((s_max, k, width), -1, dtype=torch.long, device=host)  # in `seq`
+        seqs, seq_off, row_off = [], 0, 0
+        for j, (d, n, st, gen) in enumerate(zip(datas, sizes, steps, gens, strict=True)):
+            if st:
+                nb = math.ceil(n / b)
+                g = generator_on(gen, d.x.device)
+                perms = [torch.randperm(n, generator=g, device=d.x.device)
+                         for _ in range(math.ceil(st / nb))]
+                seqs.append(torch.cat(perms).to(device) + row_off)
+                s = torch.arange(st, device=host)
+                first = (s % nb) * b  # the batch's first position within its epoch
+                r = torch.arange(width, device=host)
+                p = (s // nb * n + first).unsqueeze(1) + r
+                pos[:st, j] = torch.where(first.unsqueeze(1) + r < n, p + seq_off, -1)
+                seq_off += len(perms) * n
+            row_off += n
+        pad_row = torch.full((1,), row_off, dtype=torch.long, device=device)
+        seq = torch.cat([*seqs, pad_row])
+        pos = pos.to(device)
+        self.mask = (pos >= 0).to(torch.float32)
+        self.rows = seq[torch.where(pos >= 0, pos, len(seq) - 1)]  # (s_max, k, width) rows of x
+
+    def step(self, s: int, a: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        rows = self.rows[s, :a]
+        return (self.x[rows], self.y[rows]), self.mask[s, :a]
 
 
 def _pad(items: list[tuple[torch.Tensor, ...]]
