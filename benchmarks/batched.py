@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from _digits import digits_clients, seeded_model_fn
@@ -124,6 +125,9 @@ def main() -> None:
                     help="the diffusion track's arm (digits_small UNet, Adam); 0 = skip it")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="where models and data live (cuda: wall time, synchronised, is compared)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="also write torch.profiler's table of one batched round here (top 40 ops "
+                    "by self time on the device, then on the host)")
     ap.add_argument("--quick", action="store_true",
                     help="a tiny run on the CPU (4 clients, 2 rounds, 1 step, 1 repeat)")
     args = ap.parse_args()
@@ -170,6 +174,27 @@ def main() -> None:
           f"idle machine only)")
     med = med_wall if DEVICE.type == "cuda" else med_cpu  # a GPU's work is not process time
     print(f"speedup {med['serial'] / med['batched']:.2f}")
+    if args.profile:
+        profile(args.profile, lambda: timed_run(clients, model_fn, local, 1, "batched"))
+
+
+def profile(path: Path, run) -> None:
+    """torch.profiler's key averages of ``run()``: where a batched round's time goes (on a GPU, the
+    host's launches against the device's kernels)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.type == "cuda" else [])
+    with torch_profile(activities=acts) as prof:
+        run()
+    avg = prof.key_averages()
+    parts = []
+    if DEVICE.type == "cuda":
+        parts.append(avg.table(sort_by="self_cuda_time_total", row_limit=40))
+    parts.append(avg.table(sort_by="self_cpu_time_total", row_limit=40))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(parts) + "\n")
+    print(f"profile of one batched round -> {path}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ def write_order(path: Path, root: Path = Path(".")) -> None:
 
 
 def run(order: Path, out: Path | None, tracking: bool, stop: str | None) -> int:
+    """Run the stages of ``order`` in turn; ``out`` is rewritten after every stage (a run stopped by
+    Ctrl-C or a time limit keeps the stages it finished, the stage it stopped in marked so); each
+    stage's output goes to ``<out>.logs/<stage>.log`` (else it is kept only for a failure)."""
     import torch
 
     env = {**os.environ}
@@ -49,27 +52,42 @@ def run(order: Path, out: Path | None, tracking: bool, stop: str | None) -> int:
         env["FEDPIPE_TRACKING"] = "off"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     times: dict[str, float] = {}
-    rc, start = 0, time.perf_counter()
-    for line in order.read_text().splitlines():
-        stage, cmd = line.split("|", 1)
-        argv = cmd.split()
-        if argv[0] == "python":
-            argv[0] = sys.executable
-        t0 = time.perf_counter()
-        proc = subprocess.run(argv, env={**env, "DVC_STAGE": stage}, capture_output=True, text=True)
-        times[stage] = round(time.perf_counter() - t0, 2)
-        print(f"{times[stage]:8.2f} s  {stage}", flush=True)
-        if proc.returncode:
-            print(f"stage {stage} failed ({proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
-            rc = proc.returncode
-            break
-        if stage == stop:
-            break
-    total = round(time.perf_counter() - start, 2)
-    print(f"{total:8.2f} s  total ({len(times)} stages, device {device})")
-    if out:
-        out.write_text(json.dumps({"device": device, "total_s": total, "stages": times,
-                                   "rc": rc}, indent=1) + "\n")
+    rc, start, running = 0, time.perf_counter(), None
+    logs = out.with_suffix(".logs") if out else None
+    if logs:
+        logs.mkdir(parents=True, exist_ok=True)
+
+    def write() -> None:
+        if out:
+            out.write_text(json.dumps({"device": device, "total_s": round(time.perf_counter() - start, 2),
+                                       "stages": times, "rc": rc, "stopped_in": running},
+                                      indent=1) + "\n")
+
+    try:
+        for line in order.read_text().splitlines():
+            stage, cmd = line.split("|", 1)
+            argv = cmd.split()
+            if argv[0] == "python":
+                argv[0] = sys.executable
+            running, t0 = stage, time.perf_counter()
+            proc = subprocess.run(argv, env={**env, "DVC_STAGE": stage}, capture_output=True, text=True)
+            running = None
+            times[stage] = round(time.perf_counter() - t0, 2)
+            if logs:
+                (logs / f"{stage}.log").write_text(proc.stdout + proc.stderr)
+            print(f"{times[stage]:8.2f} s  {stage}", flush=True)
+            if proc.returncode:
+                print(f"stage {stage} failed ({proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
+                rc = proc.returncode
+                break
+            write()
+            if stage == stop:
+                break
+    except KeyboardInterrupt:
+        rc = 130
+        print(f"interrupted in stage {running}", flush=True)
+    write()
+    print(f"{time.perf_counter() - start:8.2f} s  total ({len(times)} stages, device {device})")
     return rc
 
 

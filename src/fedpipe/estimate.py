@@ -924,6 +924,20 @@ def _threads() -> None:
         torch.set_num_threads(int(raw))
 
 
+def study_device(params: dict[str, Any]):
+    """The device the study's stages train on (its ``device`` setting; ``auto``: CUDA when there)."""
+    from fedpipe.device import resolve_device
+
+    return resolve_device(str(params.get("device", "auto")))
+
+
+def _sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def step_seconds_classifier(params: dict[str, Any]) -> float:
     """Seconds of one local training step of the study's classifier at its batch size (random data
     of the dataset's shape; the faster of two steps after a first)."""
@@ -935,9 +949,11 @@ def step_seconds_classifier(params: dict[str, Any]) -> float:
     _threads()
     ds = dataset_config(params.get("dataset"))
     shape, classes = ds.in_shape(), ds.num_classes()
-    model = build_model(get(params, "model.name"), shape, classes, **(get(params, "model.kwargs") or {}))
+    dev = study_device(params)
+    model = build_model(get(params, "model.name"), shape, classes,
+                        **(get(params, "model.kwargs") or {})).to(dev)
     b = int(get(params, "fl.local.batch_size"))
-    x, y = torch.randn(b, *shape), torch.randint(0, classes, (b,))
+    x, y = torch.randn(b, *shape, device=dev), torch.randint(0, classes, (b,), device=dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     times = []
     for _ in range(3):
@@ -945,6 +961,7 @@ def step_seconds_classifier(params: dict[str, Any]) -> float:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        _sync(dev)
         times.append(time.perf_counter() - t0)
     return min(times[1:])
 
@@ -961,12 +978,13 @@ def step_seconds_unet(params: dict[str, Any], batch: int) -> float:
     ds = dataset_config(params.get("dataset"))
     shape = ds.in_shape()
     cond = ds.num_classes() if get(params, "diffusion.conditional") else None
+    dev = study_device(params)
     model = build_unet(get(params, "diffusion.unet"), shape, cond,
-                       **(get(params, "diffusion.unet_kwargs") or {}))
+                       **(get(params, "diffusion.unet_kwargs") or {})).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, *shape)
-    t = torch.randint(0, int(get(params, "diffusion.num_train_timesteps", 1000)), (batch,))
-    y = torch.randint(0, cond, (batch,)) if cond else None
+    x = torch.randn(batch, *shape, device=dev)
+    t = torch.randint(0, int(get(params, "diffusion.num_train_timesteps", 1000)), (batch,), device=dev)
+    y = torch.randint(0, cond, (batch,), device=dev) if cond else None
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
@@ -974,6 +992,7 @@ def step_seconds_unet(params: dict[str, Any], batch: int) -> float:
         out = model(x, t, y) if y is not None else model(x, t)
         torch.nn.functional.mse_loss(out, x).backward()
         opt.step()
+        _sync(dev)
         times.append(time.perf_counter() - t0)
     return times[-1]
 
