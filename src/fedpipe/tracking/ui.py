@@ -76,7 +76,8 @@ def runs_table_url(uri: str, argv: list[str]) -> str | None:
 # on its default columns, and its compare page on the alphabetically first param and metric.
 # - "fedpipe-runs", the runs table: each pipeline execution's parent run with its study, the params
 #   that vary between the study's experiments (varying_params: a sweep's -S keys) and its claim
-#   counts; expanded, its stage runs with their algorithm, replicate and final metric.
+#   counts; expanded, its stage runs with their algorithm, replicate, final metric and whole
+#   training time across resumes (train_seconds_total, fedpipe.fl.engine.SECONDS_FILE).
 # - "fedpipe-compare", chart mode: the training stages' runs only (federate@..., federate_ddpm@...;
 #   MLflow adds their parent's row), grouped by algorithm within each DVC experiment (a study's
 #   replicates pool into one mean; two variants, such as two Dirichlet alphas, stay apart).
@@ -90,7 +91,8 @@ COMPARE_CHARTS = (("BAR", "final_test_accuracy"), ("LINE", "test_accuracy"),
 #: the columns of each view (MLflow's canonical column keys)
 RUNS_COLUMNS = ("params.`study.name`", "metrics.`claims.held`", "metrics.`claims.not_shown`",
                 "metrics.`claims.contradicted`", "metrics.`claims.claims`", "params.`algorithm`",
-                "params.`run_seed`", "metrics.`final_test_accuracy`", "metrics.`final_fid`")
+                "params.`run_seed`", "metrics.`final_test_accuracy`", "metrics.`final_fid`",
+                "metrics.`train_seconds_total`")
 COMPARE_COLUMNS = ("params.`algorithm`", "params.`run_seed`", "params.`study.name`",
                    "metrics.`final_test_accuracy`", "metrics.`final_fid`")
 
