@@ -73,16 +73,16 @@ def test_runs_are_named_grouped_and_stepped(tracked):
     assert int(fed.data.tags["torch.threads"]) >= 1
     # another params.yaml is another pipeline execution: another parent
     (tmp_path / "params.yaml").write_text("seed: 1\n")
-    with stage_run("plan", {}, 1):
-        pass
+    with stage_run("plan", {}, 1) as run:
+        run.log_metrics({"x": 1.0})  # a stage that logs nothing makes no parent run
     sync_pending()
     (plan,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'plan · workspace'")
     assert plan.data.tags["mlflow.parentRunId"] != parent
     assert fed.data.tags["fedpipe.stand_in"] == plan.data.tags["fedpipe.stand_in"] == "false"
     # a run on stand-in data says so (dataset.stand_in: its numbers measure cost and plumbing)
     (tmp_path / "params.yaml").write_text("seed: 1\ndataset: {name: cifar10, stand_in: true}\n")
-    with stage_run("partition@1", {}, 1):
-        pass
+    with stage_run("partition@1", {}, 1) as run:
+        run.log_metrics({"clients": 5.0})
     sync_pending()
     (part,) = client.search_runs([exp.experiment_id],
                                  "attributes.run_name = 'partition@1 · workspace'")
