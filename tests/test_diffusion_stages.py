@@ -1,6 +1,7 @@
 """Diffusion-track stages: config errors, warm-up resume, auxiliary-set generation (exact counts,
 labels, determinism), the FID feature extractor and the quality report of the auxiliary set."""
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from fedpipe.config import ConfigError
 from fedpipe.data import Partition
 from fedpipe.errors import InputError
+from fedpipe.fl.engine import SECONDS_FILE
 from fedpipe.io import load_tensors, read_json
 from fedpipe.pipeline.aux import aux_counts, load_aux, requested_labels
 from fedpipe.pipeline.aux_quality import aux_quality
@@ -142,9 +144,17 @@ def test_warmup_resumes_at_first_unfinished_client(tiny_partition, tmp_path):
     assert not (tmp_path / "w1" / "models").exists()  # nor models: they are copied when all are done
     resume = tmp_path / "checkpoints" / "w1" / "models"  # checkpoint_dir: not a DVC output
     stamp = client_path(resume, 0).stat().st_mtime_ns
+    first_seconds = json.loads((resume / SECONDS_FILE).read_text())["processes"]
     second = warmup(cfg, tmp_path / "w1", part_path, progress=False)
     assert second.trained == [2, 3]
     assert client_path(resume, 0).stat().st_mtime_ns == stamp  # not redone
+    # the whole warm-up's seconds: both processes' (MLflow's, never the hashed metrics.json)
+    both = json.loads((resume / SECONDS_FILE).read_text())["processes"]
+    assert both[:1] == first_seconds and len(both) == 2
+    assert second.metrics["train_seconds_total"] == pytest.approx(
+        first_seconds[0] + second.metrics["train_seconds_now"])
+    assert 0 < first_seconds[0] <= first.metrics["train_seconds_now"]
+    assert b"seconds" not in (tmp_path / "w1" / "metrics.json").read_bytes()
     straight = warmup(cfg, tmp_path / "w2", part_path, progress=False)
     for cid in range(4):
         a = load_tensors(client_path(tmp_path / "w1" / "models", cid))

@@ -55,3 +55,32 @@ def test_outside_a_dvc_repository_one_line_and_a_non_zero_exit(tmp_path):
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith(f"error: no DVC experiments to show in {tmp_path}")
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_column_per_param_that_a_sweep_varies_and_none_for_shared_ones():
+    """`dvc exp run -S fl.local.lr=...` twice: the table shows the lr of each experiment; params all
+    rows share (the seed), and the leading columns' params, get no column of their own."""
+    base = {"dataset.name": "digits", "partition.scheme": "shards", "partition.alpha": "None",
+            "fl.rounds": 30, "seed": 0, "fedavg.test_accuracy": 0.7}
+    rows = [{"Experiment": None, "rev": "workspace", **base, "fl.local.lr": 0.01},
+            {"Experiment": "lr-hi", "rev": "a1", **base, "fl.local.lr": 0.05,
+             "fedavg.test_accuracy": 0.75},
+            {"Experiment": "lr-hi-r60", "rev": "a2", **base, "fl.local.lr": 0.05, "fl.rounds": 60}]
+    params = {"dataset.name", "partition.scheme", "partition.alpha", "fl.rounds", "seed",
+              "fl.local.lr"}
+    lines = table(rows, params=params).splitlines()
+    assert lines[0].split() == ["experiment", "dataset", "partition", "alpha", "rounds",
+                                "fl.local.lr", "fedavg", "held"]
+    assert [line.split()[5] for line in lines[1:]] == ["0.0100", "0.0500", "0.0500"]
+    assert table(rows) == table(rows, params=())  # without params: the columns as before
+    assert "fl.local.lr" not in table(rows)
+
+
+def test_the_param_keys_are_params_yamls_as_dvc_names_them(tmp_path, monkeypatch):
+    from fedpipe.exps import param_keys
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("seed: 0\nfl: {local: {lr: 0.01}, rounds: 3}\n")
+    rows = [{"Experiment": "a", "seed": 0, "params.yaml:fl.rounds": 3, "fl.local.lr": 0.01,
+             "fl.rounds": 0.5}]  # fl.rounds: a metric of the same name
+    assert param_keys(rows) == {"seed", "params.yaml:fl.rounds", "fl.local.lr"}

@@ -73,16 +73,16 @@ def test_runs_are_named_grouped_and_stepped(tracked):
     assert int(fed.data.tags["torch.threads"]) >= 1
     # another params.yaml is another pipeline execution: another parent
     (tmp_path / "params.yaml").write_text("seed: 1\n")
-    with stage_run("plan", {}, 1):
-        pass
+    with stage_run("plan", {}, 1) as run:
+        run.log_metrics({"x": 1.0})  # a stage that logs nothing makes no parent run
     sync_pending()
     (plan,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'plan · workspace'")
     assert plan.data.tags["mlflow.parentRunId"] != parent
     assert fed.data.tags["fedpipe.stand_in"] == plan.data.tags["fedpipe.stand_in"] == "false"
     # a run on stand-in data says so (dataset.stand_in: its numbers measure cost and plumbing)
     (tmp_path / "params.yaml").write_text("seed: 1\ndataset: {name: cifar10, stand_in: true}\n")
-    with stage_run("partition@1", {}, 1):
-        pass
+    with stage_run("partition@1", {}, 1) as run:
+        run.log_metrics({"clients": 5.0})
     sync_pending()
     (part,) = client.search_runs([exp.experiment_id],
                                  "attributes.run_name = 'partition@1 · workspace'")
@@ -388,8 +388,8 @@ def test_make_ui_prints_the_runs_table_of_the_projects_experiment(tracked):
     from fedpipe.tracking.ui import runs_table_url
 
     assert runs_table_url(uri, []) is None  # nothing logged yet
-    with stage_run("plan", {}, 0):
-        pass
+    with stage_run("partition@0", {}, 0) as run:
+        run.log_metrics({"clients": 5})
     sync_pending()
     from mlflow.tracking import MlflowClient
 
@@ -408,8 +408,8 @@ def test_make_ui_stores_its_views_on_the_experiment(tracked):
     from fedpipe.tracking.ui import COMPARE_KEY, RUNS_KEY, view_states, view_url, write_views
 
     assert write_views(uri) is None  # no experiment yet
-    with stage_run("federate@fedavg-0", {"fl": {"rounds": 1}}, 0):
-        pass
+    with stage_run("federate@fedavg-0", {"fl": {"rounds": 1}}, 0) as run:
+        run.log_round({"round": 1, "train_loss": 0.5})
     sync_pending()
     client = MlflowClient(tracking_uri=uri)
     exp_id = client.get_experiment_by_name("fedpipe").experiment_id
@@ -425,3 +425,57 @@ def test_make_ui_stores_its_views_on_the_experiment(tracked):
     runs = f"http://h:1/#/experiments/{exp_id}/runs"
     assert view_url(runs, COMPARE_KEY) == f"{runs}?compareRunsMode=CHART&viewStateShareKey={COMPARE_KEY}"
     assert view_url(runs, RUNS_KEY) == f"{runs}?compareRunsMode=TABLE&viewStateShareKey={RUNS_KEY}"
+
+
+VARYING = {  # name: (the parent runs' params, the columns)
+    "one experiment": ([{"study.name": "s", "fl.rounds": "3"}], []),
+    "a sweep of one param": ([{"study.name": "s", "seed": "0", "fl.local.lr": "0.01"},
+                              {"study.name": "s", "seed": "0", "fl.local.lr": "0.05"},
+                              {"study.name": "s", "seed": "0", "fl.local.lr": "0.05"}],
+                             ["fl.local.lr"]),
+    "two params": ([{"study.name": "s", "partition.alpha": "0.1", "fl.rounds": "3"},
+                    {"study.name": "s", "partition.alpha": "0.5", "fl.rounds": "6"}],
+                   ["fl.rounds", "partition.alpha"]),
+    "a param one experiment adds": ([{"study.name": "s"}, {"study.name": "s", "extra.k": "1"}],
+                                    ["extra.k"]),
+    "two studies, each alone": ([{"study.name": "a", "fl.rounds": "3"},
+                                 {"study.name": "b", "fl.rounds": "9"}], []),
+    "more than the cap": ([{"study.name": "s", **{f"k{i:02d}": "0" for i in range(20)}},
+                           {"study.name": "s", **{f"k{i:02d}": "1" for i in range(20)}}],
+                          [f"k{i:02d}" for i in range(12)]),
+}
+
+
+@pytest.mark.parametrize("name", VARYING)
+def test_the_params_that_vary_between_a_studys_experiments(name):
+    from fedpipe.tracking.ui import MAX_VARYING, varying_params
+
+    parents, want = VARYING[name]
+    assert varying_params(parents) == want
+    assert len(want) <= MAX_VARYING
+
+
+def test_the_stored_views_have_a_column_per_param_a_sweep_varies(tracked, monkeypatch, capsys):
+    """Two experiments of one study, `-S fl.local.lr=...` apart: the runs table and the compare
+    view show fl.local.lr beside study.name, and make ui names the column; the params both share
+    (fl.rounds) get none."""
+    tmp_path, uri = tracked
+    from mlflow.tracking import MlflowClient
+
+    from fedpipe.tracking.ui import COMPARE_KEY, RUNS_KEY, _prepare_ui
+
+    for exp, lr in (("lr-lo", 0.01), ("lr-hi", 0.05)):
+        (tmp_path / "params.yaml").write_text(
+            f"seed: 0\nstudy: {{name: sweep}}\nfl: {{rounds: 3, local: {{lr: {lr}}}}}\n")
+        monkeypatch.setenv("DVC_EXP_NAME", exp)
+        with stage_run("federate@fedavg-0", {"fl": {"local": {"lr": lr}}}, 0) as run:
+            run.log_final({"test_accuracy": lr * 10})
+    _prepare_ui(uri, [])
+    assert "params that vary between a study's experiments: fl.local.lr" in capsys.readouterr().out
+    client = MlflowClient(tracking_uri=uri)
+    tags = client.get_experiment_by_name("fedpipe").tags
+    for key in (RUNS_KEY, COMPARE_KEY):
+        columns = json.loads(tags[f"mlflow.sharedViewState.{key}"])["selectedColumns"]
+        at = columns.index("params.`study.name`")
+        assert columns[at + 1] == "params.`fl.local.lr`", columns
+        assert "params.`fl.rounds`" not in columns

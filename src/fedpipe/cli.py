@@ -118,12 +118,17 @@ def run_stage(main: Callable[[], None]) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     done = threading.Event()
     try:
-        if os.environ.get("DVC_STAGE"):
-            watch_dvc(os.environ["DVC_STAGE"], done)
-        set_threads()
-        with logging_redirect_tqdm():
-            main()
-        check_stage_code()
+        try:
+            if os.environ.get("DVC_STAGE"):
+                watch_dvc(os.environ["DVC_STAGE"], done)
+            set_threads()
+            with logging_redirect_tqdm():
+                main()
+            check_stage_code()
+        except BaseException as e:
+            if not isinstance(e, SystemExit) or e.code not in (None, 0):
+                _track_failure(e)
+            raise
     except KeyboardInterrupt:
         line = interrupted_message()
         if _ORPHANED:  # watch_dvc's SIGINT: one line saying both
@@ -140,6 +145,24 @@ def run_stage(main: Callable[[], None]) -> None:
         _fail(permission_message(e), EXIT_CONFIG)
     finally:
         done.set()
+
+
+def stage_name() -> str:
+    """The running stage's DVC name (``DVC_STAGE`` without a ``dvc.yaml:`` prefix), else its
+    script's name (``python stages/plan.py`` by hand: ``plan``)."""
+    stage = os.environ.get("DVC_STAGE", "")
+    if stage:
+        return stage.split(":", 1)[1] if ":" in stage.split("@", 1)[0] else stage
+    return Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "stage"
+
+
+def _track_failure(error: BaseException) -> None:
+    """The pipeline's parent run shows that this stage failed, however it failed: a failure no
+    stage run recorded (one before the stage's run opened: its params, inputs or folders refused)
+    is spooled as a FAILED run of the stage (:func:`fedpipe.tracking.record_failure`)."""
+    from fedpipe.tracking import record_failure
+
+    record_failure(stage_name(), error)
 
 
 def permission_message(e: OSError) -> str:

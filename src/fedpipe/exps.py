@@ -1,6 +1,7 @@
 """``python -m fedpipe.exps`` (``make exps``): DVC's experiments as one compact table, readable in a
 120-column terminal: one row per experiment (the workspace, each branch and each ``dvc exp run``),
-with the dataset, partition and rounds it ran and each classification method's final global test
+with the dataset, partition and rounds it ran, the params that differ between the rows (what a
+sweep's ``-S`` overrides changed, a column each) and each classification method's final global test
 accuracy (``data/evaluate/metrics.json``), and its claim count (``data/report/claims.json``); when
 that is wider than the terminal (a study of many methods), a column per experiment instead.
 
@@ -40,18 +41,31 @@ def _grid(lines: list[list[str]]) -> str:
                      for r in lines)
 
 
-def table(rows: Iterable[Mapping[str, Any]], width: int = 120) -> str:
+def varying(rows: list[Mapping[str, Any]], params: Iterable[str]) -> list[str]:
+    """The keys of ``params`` (param names, as DVC's rows hold them) whose cells differ between
+    ``rows``, other than the leading columns': what a sweep's ``-S`` overrides changed."""
+    fixed = {k for _, k in FIXED}
+    return sorted(k for k in set(params) - fixed
+                  if len({_cell(row.get(k)) for row in rows}) > 1)
+
+
+def table(rows: Iterable[Mapping[str, Any]], width: int = 120,
+          params: Iterable[str] = ()) -> str:
     """The compact table of DVC's experiment rows (:func:`dvc.api.exp_show`'s dicts): a row per
-    experiment; where that is wider than ``width`` (many methods), a column per experiment."""
+    experiment, with a column per param of ``params`` whose value differs between the rows
+    (:func:`varying`); where that is wider than ``width`` (many methods), a column per
+    experiment."""
     rows = list(rows)
     methods = sorted({m.group(1) for row in rows for k in row if (m := ACCURACY.match(k))})
-    header = ["experiment", *(h for h, _ in FIXED), *methods, "held"]
+    swept = varying(rows, params)
+    header = ["experiment", *(h for h, _ in FIXED), *swept, *methods, "held"]
     body = []
     for row in rows:
         name = row.get("Experiment") or row.get("rev") or "-"
         held = (f"{row.get('summary.held', 0):.0f}/{row['summary.claims']:.0f}"
                 if isinstance(row.get("summary.claims"), (int, float)) else "-")
         body.append([str(name)[:24], *(_cell(row.get(k)) for _, k in FIXED),
+                     *(_cell(row.get(k)) for k in swept),
                      *(_cell(row.get(f"{m}.test_accuracy")) for m in methods), held])
     wide = _grid([header, *body])
     if max(len(line) for line in wide.splitlines()) <= width:
@@ -73,7 +87,22 @@ def main(argv: list[str] | None = None) -> None:
     except DvcException as err:  # not a DVC repository (or no git), a broken one
         sys.exit(f"error: no DVC experiments to show in {Path.cwd()}: {err}; run `make exps` in "
                  "the fedpipe repository")
-    print(table(rows, max(shutil.get_terminal_size((120, 24)).columns, 80)))
+    print(table(rows, max(shutil.get_terminal_size((120, 24)).columns, 80), param_keys(rows)))
+
+
+def param_keys(rows: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The keys of DVC's rows that are params: the workspace's params.yaml flattened (DVC's own
+    names), as ``params.yaml:<key>`` where DVC names it so (a metric has the same name)."""
+    from fedpipe.config.core import ConfigError, load_params
+    from fedpipe.tracking import flatten
+
+    try:
+        keys = set(flatten(load_params()))
+    except (ConfigError, OSError):
+        return set()
+    present = {k for row in rows for k in row}
+    named = {key: f"params.yaml:{key}" if f"params.yaml:{key}" in present else key for key in keys}
+    return {k for k in named.values() if k in present}
 
 
 if __name__ == "__main__":

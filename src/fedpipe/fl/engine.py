@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -214,9 +215,45 @@ class RunResult:
     """Per-client evaluation rows: {"round", "client", <metric>: value} every eval round."""
     personal: dict[int, Weights] | None = None
     """Each client's own model after the last round (methods with personal models)."""
+    train_seconds_total: float = 0.0
+    """The model's whole training time: the seconds of every process that trained it, resumes
+    included (:data:`SECONDS_FILE`); wall time, so never in the history or any DVC output."""
 
 
 # -- checkpoints -------------------------------------------------------------------------------
+SECONDS_FILE = "train_seconds.json"
+"""Beside a checkpoint: each process's training seconds (its rounds' wall time, to the end of its
+last finished round), so that a killed and resumed run reports its whole training time
+(``train_seconds_total``, with each round's record to ``on_round``: MLflow). Not part of the
+checkpoint's hashed state, and not a DVC output (checkpoints are none): wall time never reaches a
+file DVC hashes."""
+
+
+def earlier_seconds(directory: Path | None, fingerprint: str, start: int) -> list[float]:
+    """The training seconds of the earlier processes of the run resumed at round ``start`` from the
+    checkpoint in ``directory``: none for a fresh run (``start`` 0), or where the side file is
+    missing, unreadable or of another run (another fingerprint)."""
+    if directory is None or start == 0:
+        return []
+    try:
+        saved = json.loads((directory / SECONDS_FILE).read_text(encoding="utf-8"))
+        seconds = [float(x) for x in saved["processes"]]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    if saved.get("fingerprint") != fingerprint or not all(x >= 0 for x in seconds):
+        return []
+    return seconds
+
+
+def write_seconds(directory: Path, fingerprint: str, processes: list[float]) -> None:
+    """:data:`SECONDS_FILE` in ``directory``, replaced atomically (a kill leaves the old one)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{SECONDS_FILE}.tmp"
+    tmp.write_text(json.dumps({"fingerprint": fingerprint, "processes": processes}),
+                   encoding="utf-8")
+    os.replace(tmp, directory / SECONDS_FILE)
+
+
 def save_checkpoint(directory: Path, round_done: int, state: ServerState, store: ClientStore,
                     history: list[dict], fingerprint: str,
                     client_history: list[dict] | None = None, scale: Scale | None = None) -> None:
@@ -474,6 +511,8 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
     rounds_done = start
     personal, personal_round = None, -1
     saved_at = time.monotonic()  # when the last checkpoint was written (fl.checkpoint_seconds)
+    earlier = earlier_seconds(ckpt, fingerprint, start)  # the processes before a resume
+    began, total = time.perf_counter(), sum(earlier)
     for r in bar:
         selected = strategy.select_clients(state, r, available, per_round,
                                            numpy_rng(seed, "client-sampling", r), probe_for(state, r))
@@ -516,8 +555,12 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
             client_history += rows
         history.append(record)
         rounds_done = r + 1
-        if on_round is not None:
-            on_round(record)
+        now = time.perf_counter() - began
+        total = sum(earlier) + now
+        if ckpt is not None:
+            write_seconds(ckpt, fingerprint, [*earlier, now])
+        if on_round is not None:  # the whole training time so far: MLflow's, not the history's
+            on_round({**record, "train_seconds_total": total})
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items()
                          if k in ("train_loss", "test_accuracy")})
         last = r + 1 == fl.rounds or stopped or interrupted
@@ -533,4 +576,4 @@ def run_federated(strategy: Strategy, model: torch.nn.Module, clients: Sequence[
     if strategy.personalizes and personal_round != rounds_done:
         personal = personal_models(strategy, state, store, clients, seed, max(rounds_done - 1, 0))
     return RunResult(state, store.all(), history, resumed_from=start, rounds_done=rounds_done,
-                     client_history=client_history, personal=personal)
+                     client_history=client_history, personal=personal, train_seconds_total=total)

@@ -38,6 +38,7 @@ from fedpipe.config.diffusion import WarmupConfig, check_diffusion_models
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData, load_dataset
 from fedpipe.errors import DivergenceError, InputError
+from fedpipe.fl.engine import earlier_seconds, write_seconds
 from fedpipe.fl.local import local_train
 from fedpipe.fl.state import all_finite
 from fedpipe.io import (
@@ -236,8 +237,10 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
                      {META_KEY: json.dumps(meta, sort_keys=True)})
         losses[cid] = client_losses
         trained.append(cid)
+        write_seconds(resume_dir, fp, [*earlier, time.perf_counter() - t0])  # beside, not hashed
 
     n_workers = min(workers if workers is not None else worker_count(), len(todo))
+    earlier = earlier_seconds(resume_dir, fp, len(losses))  # the processes before a resume
     t0 = time.perf_counter()
     if n_workers <= 1 or device.type != "cpu":
         for cid in todo:
@@ -275,5 +278,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
         save_figure(out / "losses.png", plot_losses(losses, f"warm-up DDPMs on {cfg.dataset.name}"))
         write_json(out / "metrics.json", metrics)
         log.info("warm-up: %d clients (%d trained now, %.1f s)", len(clients), len(trained), seconds)
-    metrics = {**metrics, "clients_trained_now": float(len(trained)), "train_seconds_now": seconds}
+    metrics = {**metrics, "clients_trained_now": float(len(trained)), "train_seconds_now": seconds,
+               # the whole warm-up's seconds, over the processes that trained its clients
+               "train_seconds_total": sum(earlier) + seconds}
     return WarmupOutputs(out, losses, trained, metrics, {str(partition_path): md5_file(partition_path)})

@@ -327,20 +327,13 @@ def _start_follower(path: Path) -> None:
                          start_new_session=True)  # not in the stage's process group: Ctrl-C spares it
 
 
-@contextlib.contextmanager
-def stage_run(stage: str, params: Mapping[str, Any], seed: int,
-              inputs: Mapping[str, str] | None = None) -> Iterator[StageRun]:
-    """The MLflow run of one DVC stage (lineage tags, the resolved params), spooled: its events go to
-    a spool file that :mod:`fedpipe.tracking.sync` replays into MLflow, so a stage never imports
-    MLflow. Who replays: the ``report`` stage at its end (everything pending), a stage that fails on
-    its way out (its run and its parent's FAILED status), a follower for a stage that runs longer
-    than ``FEDPIPE_TRACKING_FOLLOW`` seconds, and ``make ui``."""
-    if not tracking_enabled():
-        yield StageRun(active=False)
-        return
-    import threading
+_OUTCOME: list[str] = []  # the statuses this process's stage runs ended with (record_failure)
 
-    follow = follow_after()  # a bad setting stops the stage before any compute
+
+def _open_run(stage: str, params: Mapping[str, Any], seed: int | None,
+              inputs: Mapping[str, str] | None = None) -> tuple[StageRun, str]:
+    """A new spool file for one run of ``stage``, its start event written (lineage tags, the
+    resolved params, the pipeline's parent record); returns the handle and the tracking URI."""
     uri = tracking_uri()
     sha, dirty = git_state()
     exp_name = os.environ.get("DVC_EXP_NAME", "")
@@ -364,7 +357,7 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
         "dvc.stage": stage,
         "dvc.exp_name": exp_name,
         "dvc.exp_baseline": os.environ.get("DVC_EXP_BASELINE_REV", ""),
-        "seed": str(seed),
+        "seed": "" if seed is None else str(seed),
         "torch.threads": str(torch.get_num_threads()),
         # dataset.stand_in: the run's numbers measure cost and plumbing only (STAND_IN_NOTE)
         "fedpipe.stand_in": str(isinstance(study_params.get("dataset"), dict)
@@ -379,9 +372,27 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
                   parent=_parent_record(sha, exp_name, study_params))
     if inputs:
         handle.log_file_hashes("input", inputs)
+    return handle, uri
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, params: Mapping[str, Any], seed: int,
+              inputs: Mapping[str, str] | None = None) -> Iterator[StageRun]:
+    """The MLflow run of one DVC stage (lineage tags, the resolved params), spooled: its events go to
+    a spool file that :mod:`fedpipe.tracking.sync` replays into MLflow, so a stage never imports
+    MLflow. Who replays: the ``report`` stage at its end (everything pending), a stage that fails on
+    its way out (its run and its parent's FAILED status), a follower for a stage that runs longer
+    than ``FEDPIPE_TRACKING_FOLLOW`` seconds, and ``make ui``."""
+    if not tracking_enabled():
+        yield StageRun(active=False)
+        return
+    import threading
+
+    follow = follow_after()  # a bad setting stops the stage before any compute
+    handle, uri = _open_run(stage, params, seed, inputs)
     timer = None
     if follow is not None:
-        timer = threading.Timer(follow, _start_follower, args=(path,))
+        timer = threading.Timer(follow, _start_follower, args=(handle.path,))
         timer.daemon = True
         timer.start()
     try:
@@ -391,14 +402,42 @@ def stage_run(stage: str, params: Mapping[str, Any], seed: int,
         handle.finish_parent(status)
         handle._write("end", status=status)
         handle.close()
+        _OUTCOME.append(status)
         if timer is not None:
             timer.cancel()
         _sync_on_failure(uri)
         raise
     handle._write("end", status="FINISHED")
     handle.close()
+    _OUTCOME.append("FINISHED")
     if timer is not None:
         timer.cancel()
+
+
+def record_failure(stage: str, error: BaseException) -> None:
+    """The stage process fails with ``error`` where no run of it recorded a failure: before its
+    :func:`stage_run` opened (bad params, a missing input, a read-only folder, found by the checks
+    before compute) or after its run ended well. Spools a run of ``stage`` that ends FAILED (KILLED
+    for Ctrl-C) with the error's first line as tag ``fedpipe.error``, and sets the pipeline's parent
+    run to the same status, so that an experiment whose stage failed is never shown FINISHED; then
+    replays what is pending, as a failing :func:`stage_run` does. Called by
+    :func:`fedpipe.cli.run_stage`; never raises (the stage's own error is the one to report)."""
+    if not tracking_enabled() or any(s != "FINISHED" for s in _OUTCOME):
+        return
+    status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+    first = (str(error).strip().splitlines() or [""])[0]
+    line = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    try:
+        handle, uri = _open_run(stage, {}, None)
+        handle.log_tags({"fedpipe.error": line[:5000]})
+        handle.finish_parent(status)
+        handle._write("end", status=status)
+        handle.close()
+        _OUTCOME.append(status)
+    except Exception as e:  # noqa: BLE001 (a folder it cannot write: the stage's error says it)
+        log.debug("tracking: the failure of %s is not recorded (%s: %s)", stage, type(e).__name__, e)
+        return
+    _sync_on_failure(uri)
 
 
 def _user() -> str:

@@ -16,8 +16,12 @@ at any point (after any MLflow call) and run again leaves the database as one un
 would (tests/test_tracking_faults.py kills it at every call). Two syncs never replay one file at
 once: each takes ``<id>.lock`` with ``fcntl.flock`` first and leaves a file that another holds. A
 file whose stage is still running (its writer holds ``fcntl.flock`` on it) is left to that stage (or
-its follower, or the next sync); a file whose stage died without an end event (killed) is replayed
-and its run ends KILLED.
+its follower, or the next sync); a file whose stage died without an end event (``kill -9``: no
+handler ran) is replayed and its run and its pipeline's parent run end KILLED (:func:`killed_end`).
+
+No empty parent: a pipeline execution's parent run is made only by a stage that logged results
+(metrics, artifacts) or failed; a stage that logged only its params and tags (``plan``, which every
+``dvc repro`` runs) is recorded under an existing parent, never alone (:func:`sync_pending`).
 
 Never blocked: a file the replay cannot read (a line that is not JSON or not a valid event, a
 truncated last line, an empty file, a missing artifact copy) is checked whole before anything of it
@@ -45,6 +49,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +128,11 @@ def sync_pending(uri: str | None = None, *, strict: bool = False) -> int:
     other sync holds; returns how many were replayed. A file it cannot read is set aside into
     ``<spool>/failed/`` with one log line (:func:`set_aside`) and the files after it are replayed.
 
+    No empty parent runs: a quiet file (:class:`Scan`: a stage that logged nothing but its params
+    and tags, as ``plan``, which every ``dvc repro`` runs) is replayed only under a parent run that
+    exists or that a file of its pipeline execution with results makes; while a stage of that
+    execution still runs it waits; otherwise it is removed with one log line, not counted.
+
     When the tracking store fails (an unreadable or read-only database, a server that does not
     answer, an MLflow error), the files wait in the spool for the next sync: one warning line, and
     the count so far, so that a stage never fails for its tracking; with ``strict`` (the sync
@@ -136,10 +146,25 @@ def sync_pending(uri: str | None = None, *, strict: bool = False) -> int:
     replayer = Replayer(uri)
     done = 0
     try:
-        for path in pending(folder):
+        paths = pending(folder)
+        scans = {path: scan(path) for path in paths}
+        live = {x.key for x in scans.values() if x.live}
+        scans = {p: replace(x, live_beside=x.key in live) for p, x in scans.items()}
+        results = {x.key for x in scans.values() if not x.quiet and not x.live}  # logged results
+        for path in paths:
             with claimed(path, wait=False) as mine:
                 if not mine or writer_alive(path):
                     continue
+                info = scans[path]
+                if info.quiet and info.key not in results:
+                    if info.live_beside:  # a stage of its execution still runs: decide later
+                        continue
+                    if not replayer.has_parent(info.experiment, info.key):
+                        log.info("tracking: %s logged nothing but its params and tags, and no "
+                                 "stage of its pipeline execution logged results: not recorded "
+                                 "(no empty parent run)", info.run_name)
+                        _remove(path)
+                        continue
                 try:
                     done += replayer.replay(path)
                 except SpoolDamage as e:
@@ -154,6 +179,43 @@ def sync_pending(uri: str | None = None, *, strict: bool = False) -> int:
         log.info("tracking: %d spooled run(s) replayed into MLflow in %.1f s", done,
                  time.perf_counter() - t0)
     return done
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What :func:`sync_pending` reads of a spool file before replaying it: its pipeline
+    execution's parent key (None: no parent, or a file it cannot read), whether it is quiet (its
+    stage ended FINISHED and logged nothing but its params and tags: no metric, artifact or parent
+    metric, as ``plan`` and ``server_data``), and whether a stage of the same execution still runs
+    (``live_beside``, filled in by :func:`scan_all`)."""
+
+    key: str | None
+    quiet: bool = False
+    experiment: str = ""
+    run_name: str = ""
+    live: bool = False
+    live_beside: bool = False
+
+
+QUIET_EVENTS = ("start", "tags", "end")  # what a quiet stage's file holds (its end FINISHED)
+
+
+def scan(path: Path) -> Scan:
+    """:class:`Scan` of spool file ``path``, read leniently: a file it cannot read is not quiet (the
+    replay sets it aside, naming the problem)."""
+    try:
+        live = writer_alive(path)
+        events = [json.loads(raw) for raw in path.read_bytes().splitlines() if raw.strip()]
+        start = events[0]
+        parent = start.get("parent")
+        key = parent.get("key") if isinstance(parent, dict) else None
+        quiet = (not live and key is not None
+                 and all(isinstance(e, dict) and e.get("event") in QUIET_EVENTS for e in events)
+                 and events[-1].get("event") == "end" and events[-1].get("status") == "FINISHED")
+        return Scan(key if isinstance(key, str) else None, quiet, str(start.get("experiment")),
+                    str(start.get("run_name")), live)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return Scan(None)
 
 
 def failure_line(uri: str, folder: Path, e: BaseException) -> str:
@@ -338,6 +400,17 @@ class Replayer:
                 self._parents[record["key"]] = _pipeline_parent(client, exp_id, record, t)
         return self._parents[record["key"]]
 
+    def has_parent(self, experiment: str, key: str) -> bool:
+        """Whether the parent run of pipeline execution ``key`` is in experiment ``experiment``
+        (made by an earlier sync, or by this one); the experiment is not made to find out."""
+        if key in self._parents:
+            return True
+        from fedpipe.tracking import PIPELINE_TAG
+
+        exp = self.client.get_experiment_by_name(experiment)
+        return exp is not None and find_run(self.client, exp.experiment_id, PIPELINE_TAG,
+                                            key) is not None
+
     def replay(self, path: Path, follow: bool = False) -> bool:
         """Replay ``path`` (held by :func:`claimed`); following, read on until its end event or its
         writer's death. Removes the file (and its copies) once its end is replayed, and returns
@@ -359,10 +432,20 @@ class Replayer:
             if ended or not alive:
                 break
             time.sleep(POLL_S)
-        if run is not None and not ended:  # its stage died without an end event
-            run.apply([{"event": "end", "t": int(time.time() * 1000), "status": "KILLED"}])
+        if run is not None and not ended:  # its stage died without an end event (SIGKILL, OOM)
+            run.apply(killed_end(run.last_t))
         _remove(path)
         return True
+
+
+def killed_end(t: int) -> list[dict[str, Any]]:
+    """The events a replay adds for a stage that died without its end event (``kill -9``, the OOM
+    killer, a lost machine: no handler ran): its pipeline's parent run and its own run end KILLED,
+    at ``t``, the time of its last event (when it was last heard of), so that neither stays RUNNING
+    nor shows FINISHED. A later execution of the same pipeline (same commit, params and experiment)
+    whose report ends well sets the parent FINISHED again; the killed stage's run stays KILLED."""
+    return [{"event": "parent_status", "t": t, "status": "KILLED"},
+            {"event": "end", "t": t, "status": "KILLED"}]
 
 
 class _Run:
@@ -371,6 +454,7 @@ class _Run:
 
     def __init__(self, rep: Replayer, path: Path, start: dict[str, Any]):
         self.path = path
+        self.last_t = start["t"]  # the time of the last event applied (a killed stage's end)
         self.client = rep.client
         exp_id = rep.experiment(start["experiment"])
         self.parent_id = (rep.parent(exp_id, start["parent"], start["t"])
@@ -394,6 +478,8 @@ class _Run:
 
         for ev in events:
             kind = ev["event"]
+            if isinstance(ev.get("t"), int):
+                self.last_t = max(self.last_t, ev["t"])
             if kind == "metrics":
                 metrics.extend(Metric(k, v, ev["t"], ev["step"]) for k, v in ev["metrics"].items())
                 continue

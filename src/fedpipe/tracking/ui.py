@@ -8,7 +8,9 @@ moved or copied repository still shows its runs' artifacts. Extra arguments go t
 (``--port 5001``, ``--host 0.0.0.0``). It prints the address of the ``fedpipe`` experiment's runs
 table, since MLflow 3 opens on its GenAI home page, and of its compare view: two views fedpipe
 keeps on that experiment (:func:`view_states`, through MLflow's own shared-view mechanism: an
-experiment tag the UI loads by its key). Spooled runs that no stage replayed yet (a
+experiment tag the UI loads by its key), each with a column per param that varies between a
+study's experiments (:func:`varying_params`: what a sweep's ``-S`` overrides changed), computed
+from the runs each time it starts. Spooled runs that no stage replayed yet (a
 pipeline stopped before its report, a stage still running) are replayed first
 (:func:`fedpipe.tracking.sync.sync_pending`; a running stage's file is left to it). A database
 that cannot be read (garbage, truncated) or written (a read-only file or folder), or a replay that
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 
 from fedpipe.errors import InputError
 from fedpipe.tracking import (
@@ -71,8 +74,10 @@ def runs_table_url(uri: str, argv: list[str]) -> str | None:
 # Two views of the runs page, stored as MLflow's shared view state (experiment tag
 # ``mlflow.sharedViewState.<key>``, opened by ``?viewStateShareKey=<key>``); without them MLflow opens
 # on its default columns, and its compare page on the alphabetically first param and metric.
-# - "fedpipe-runs", the runs table: each pipeline execution's parent run with its study and claim
-#   counts; expanded, its stage runs with their algorithm, replicate and final metric.
+# - "fedpipe-runs", the runs table: each pipeline execution's parent run with its study, the params
+#   that vary between the study's experiments (varying_params: a sweep's -S keys) and its claim
+#   counts; expanded, its stage runs with their algorithm, replicate, final metric and whole
+#   training time across resumes (train_seconds_total, fedpipe.fl.engine.SECONDS_FILE).
 # - "fedpipe-compare", chart mode: the training stages' runs only (federate@..., federate_ddpm@...;
 #   MLflow adds their parent's row), grouped by algorithm within each DVC experiment (a study's
 #   replicates pool into one mean; two variants, such as two Dirichlet alphas, stay apart).
@@ -86,7 +91,8 @@ COMPARE_CHARTS = (("BAR", "final_test_accuracy"), ("LINE", "test_accuracy"),
 #: the columns of each view (MLflow's canonical column keys)
 RUNS_COLUMNS = ("params.`study.name`", "metrics.`claims.held`", "metrics.`claims.not_shown`",
                 "metrics.`claims.contradicted`", "metrics.`claims.claims`", "params.`algorithm`",
-                "params.`run_seed`", "metrics.`final_test_accuracy`", "metrics.`final_fid`")
+                "params.`run_seed`", "metrics.`final_test_accuracy`", "metrics.`final_fid`",
+                "metrics.`train_seconds_total`")
 COMPARE_COLUMNS = ("params.`algorithm`", "params.`run_seed`", "params.`study.name`",
                    "metrics.`final_test_accuracy`", "metrics.`final_fid`")
 
@@ -103,15 +109,60 @@ def _chart(i: int, kind: str, key: str, section: str) -> dict:
     return chart
 
 
-def view_states() -> dict[str, dict]:
-    """{share key: the view as MLflow's experiment page state (search facets and UI state)}."""
+MAX_VARYING = 12
+"""At most this many columns for the params that vary between a study's experiments (the first by
+name), so that the table keeps its claim counts and metrics in view."""
+
+
+def varying_params(parents: Iterable[Mapping[str, str]]) -> list[str]:
+    """The params (of the pipeline's parent runs: the whole params.yaml each) whose values differ
+    between experiments of one study (same ``study.name``): what a sweep varies (``-S
+    partition.alpha=0.1``, ``-S fl.local.lr=0.05``) and nothing that all its experiments share. A
+    param that one experiment lacks (``+key=value``) differs too. ``study.name`` itself, which is a
+    column anyway, is not one. Sorted by name, at most :data:`MAX_VARYING`."""
+    studies: dict[str, list[Mapping[str, str]]] = {}
+    for params in parents:
+        studies.setdefault(params.get("study.name", ""), []).append(params)
+    keys: set[str] = set()
+    for runs in studies.values():
+        if len(runs) > 1:
+            keys |= {k for k in set().union(*runs) if len({r.get(k) for r in runs}) > 1}
+    return sorted(keys - {"study.name"})[:MAX_VARYING]
+
+
+def parent_params(client, experiment_id: str) -> list[dict[str, str]]:
+    """The params of every active pipeline parent run (tag ``fedpipe.pipeline``) of the experiment."""
+    from fedpipe.tracking import PIPELINE_TAG
+
+    out, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], f"tags.`{PIPELINE_TAG}` LIKE '%'",
+                                  max_results=1000, page_token=token)
+        out += [dict(r.data.params) for r in page if PIPELINE_TAG in r.data.tags]
+        token = page.token
+        if not token:
+            return out
+
+
+def _with_params(columns: Sequence[str], params: Sequence[str]) -> list[str]:
+    """``columns`` with a column per param of ``params`` after ``study.name``'s."""
+    at = columns.index("params.`study.name`") + 1
+    extra = [f"params.`{k}`" for k in params if f"params.`{k}`" not in columns]
+    return [*columns[:at], *extra, *columns[at:]]
+
+
+def view_states(varying: Sequence[str] = ()) -> dict[str, dict]:
+    """{share key: the view as MLflow's experiment page state (search facets and UI state)}; both
+    views have a column per param of ``varying`` (:func:`varying_params`)."""
     base = {"orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
             "lifecycleFilter": "Active"}
     section = "fedpipe-section"
     return {
-        RUNS_KEY: base | {"searchFilter": "", "selectedColumns": list(RUNS_COLUMNS)},
+        RUNS_KEY: base | {"searchFilter": "",
+                          "selectedColumns": _with_params(RUNS_COLUMNS, varying)},
         COMPARE_KEY: base | {
-            "searchFilter": COMPARE_FILTER, "selectedColumns": list(COMPARE_COLUMNS),
+            "searchFilter": COMPARE_FILTER,
+            "selectedColumns": _with_params(COMPARE_COLUMNS, varying),
             "groupBy": {"aggregateFunction": "average",
                         "groupByKeys": [{"mode": "param", "groupByData": "algorithm"},
                                         {"mode": "tag", "groupByData": "dvc.exp_name"}]},
@@ -124,8 +175,14 @@ def view_states() -> dict[str, dict]:
 
 
 def write_views(uri: str) -> str | None:
-    """Store the views on experiment ``fedpipe`` (replacing older ones); its experiment id, or None
+    """Store the views on experiment ``fedpipe`` (replacing older ones), with a column per param
+    that varies between a study's experiments as the runs are now; its experiment id, or None
     before the first run."""
+    return write_views_varying(uri)[0]
+
+
+def write_views_varying(uri: str) -> tuple[str | None, list[str]]:
+    """:func:`write_views`, and the varying params it gave columns."""
     import json
 
     from mlflow.tracking import MlflowClient
@@ -133,12 +190,13 @@ def write_views(uri: str) -> str | None:
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment_name())
     if exp is None:
-        return None
+        return None, []
+    varying = varying_params(parent_params(client, exp.experiment_id))
     with _db_lock(uri):
-        for key, state in view_states().items():
+        for key, state in view_states(varying).items():
             client.set_experiment_tag(exp.experiment_id, f"mlflow.sharedViewState.{key}",
                                       json.dumps(state, separators=(",", ":")))
-    return exp.experiment_id
+    return exp.experiment_id, varying
 
 
 def view_url(runs_url: str, key: str) -> str:
@@ -187,10 +245,13 @@ def _prepare_ui(uri: str, argv: list[str]) -> None:
     url = runs_table_url(uri, argv)
     if url is not None:
         try:
-            write_views(uri)
+            _, varying = write_views_varying(uri)
         except Exception as e:  # noqa: BLE001 (MLflow's own errors: the store failed)
             raise ReplayError(f"the views cannot be stored in {sqlite_db(uri)} "
                               f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
+        if varying:
+            print(f"columns for the params that vary between a study's experiments: "
+                  f"{', '.join(varying)}", flush=True)
         print(f"the project's runs: {view_url(url, RUNS_KEY)}", flush=True)
         print(f"compare them (charts, grouped by algorithm): {view_url(url, COMPARE_KEY)}",
               flush=True)
