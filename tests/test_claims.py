@@ -77,7 +77,7 @@ def test_paired_claim_that_holds():
     assert r.p == pytest.approx(t2_sf(3 * math.sqrt(3))) and r.p == pytest.approx(0.01754, abs=1e-5)
     assert r.p == pytest.approx(stats.ttest_rel([13, 15, 14], [10, 11, 12], alternative="greater").pvalue)
     assert r.p_opposite == pytest.approx(1 - r.p)
-    assert r.status == "held" and r.held and r.family == 1 and r.p_holm == r.p
+    assert r.status == "held" and r.held and r.family_size == 1 and r.p_holm == r.p
     assert r.method_values == {"0": 10, "1": 11, "2": 12} and r.baseline_values["2"] == 14
     # the 95% t-interval of the mean difference: 3 -+ t(0.975, 2) / sqrt(3) = 3 -+ 4.303 * 0.5774
     lo, hi = r.ci
@@ -147,7 +147,7 @@ def test_holm_over_a_papers_claims_in_judge_all():
     c1 = Claim("P (1)", "b > m", "classification", "a", "b", "m", "higher")
     c2 = Claim("P (1)", "m < b", "classification", "a", "m", "b", "lower")
     two = judge_all([c1, c2], strong)
-    assert [r.status for r in two] == ["held", "held"] and two[0].family == 2
+    assert [r.status for r in two] == ["held", "held"] and two[0].family_size == 2
     assert two[0].p_holm == pytest.approx(2 * t2_sf(3 * math.sqrt(3)))
     tracks = {"classification": {**strong["classification"],
                                  "f": {s: {"a": v} for s, v in seeds(83.4, 81.1, 58.8).items()},
@@ -156,7 +156,7 @@ def test_holm_over_a_papers_claims_in_judge_all():
     other = Claim("Q (2)", "b > m", "classification", "a", "b", "m", "higher")  # its own family
     three = judge_all([c1, c2, c3, other], tracks)
     assert [r.status for r in three] == ["not shown"] * 3 + ["held"]
-    assert three[0].p_holm == pytest.approx(3 * t2_sf(3 * math.sqrt(3))) and three[3].family == 1
+    assert three[0].p_holm == pytest.approx(3 * t2_sf(3 * math.sqrt(3))) and three[3].family_size == 1
 
 
 def test_ties_and_zero_se_never_hold():
@@ -178,7 +178,7 @@ def test_ties_and_zero_se_never_hold():
                             "c": {s: {"fid": v} for s, v in seeds(10, 11, 12).items()}}}
     tied = Claim("Paper (X 2020)", "m < c", "diffusion", "fid", "m", "c", "lower")
     res = judge_all([LOWER, tied], tracks)
-    assert [r.status for r in res] == ["held", "not shown"] and res[0].family == 1
+    assert [r.status for r in res] == ["held", "not shown"] and res[0].family_size == 1
     # the vectorised rule: SE = 0 gives p = 1 both ways
     p, po = directional_p(np.array([1.0, 0.0]), np.array([0.0, 0.0]), np.array([2.0, 2.0]))
     assert list(p) == [1.0, 1.0] and list(po) == [1.0, 1.0]
@@ -310,9 +310,14 @@ def test_registry_fedddpm_claims_as_the_paper_states_them():
     # FedDDPM+ ~ FedDDPM within Table I's largest relative gap (2.188 vs 1.910)
     match = by[("fedddpm_plus", "fedddpm", "fid")]
     assert match.direction == "match" and match.tolerance == pytest.approx(0.1455, abs=1e-4)
-    # FedDDPM+ stops at most half-way: its stop round over the rounds, against a constant 0.5
-    stop = by[("fedddpm_plus", "half_of_rounds", "stop_fraction")]
-    assert stop.direction == "lower" and stop.reference == 0.5 and "160 of 400" in stop.source
+    # FedDDPM+ stops within the paper's range: its stop share below the paper's latest, 330 of 600
+    stop = by[("fedddpm_plus", "paper_latest_stop", "stop_fraction")]
+    assert stop.direction == "lower" and stop.reference == 0.55 and "round 160 of 400" in stop.source
+    assert stop.paper_values == (0.4, 0.55) and stop.paper_units == "same"
+    # the baselines' ordering is the second family, not the paper's claims
+    assert {c.family for c in papers[fedddpm_claims.PAPER] if c.baseline == "fedavg"
+            and c.method in ("fedprox", "scaffold", "mofedsam")} == {"ordering"}
+    assert sum(c.family == "paper" for c in papers[fedddpm_claims.PAPER]) == 11
     assert by[("fedddpm", "aux_only", "fid")].direction == "lower"
     base = {c.method: c for c in papers["classification baselines"]}
     assert set(base) == {"scaffold", "feddyn", "feddc"}
@@ -345,14 +350,16 @@ def test_claims_json_records_and_facts_apart():
     assert records[0]["held"] is True and records[0]["values"] == {
         "m": {"0": 10, "1": 11, "2": 12}, "b": {"0": 13, "1": 15, "2": 14}}
     assert records[0]["mean_diff"] == pytest.approx(3.0) and records[0]["source"] == "Table 1"
-    assert records[0]["p_holm"] == pytest.approx(t2_sf(3 * math.sqrt(3))) and records[0]["family"] == 1
+    assert records[0]["p_holm"] == pytest.approx(t2_sf(3 * math.sqrt(3)))
+    assert records[0]["family"] == "paper" and records[0]["family_size"] == 1
     assert records[0]["ci95"][0] == pytest.approx(3 - 4.3027 / math.sqrt(3), abs=1e-3)
     assert records[1]["held"] is False and records[1]["status"] == "not evaluated"
     # the fact: SE = 0 by construction, true on every replicate, never counted as a held claim
     assert results[2].status == "true" and results[2].reason == "3 of 3 replicates"
     metrics = claims_metrics(results)
     assert metrics["summary"] == {"claims": 2, "held": 1, "not_shown": 0, "contradicted": 0,
-                                  "not_judged": 0, "not_evaluated": 1, "facts": 1}
+                                  "not_judged": 0, "not_evaluated": 1, "smaller_than_paper": 0,
+                                  "undecided": 0, "facts": 1}
     assert metrics["papers"] == {"Paper (X 2020)": metrics["summary"]}
     assert metrics["held"] == {"paper/fid/m-lt-b": True, "paper/test_accuracy/m-gt-b": False}
     assert metrics["facts"] == {"paper/share/m-lt-b": True}
@@ -477,11 +484,17 @@ def test_build_report_claims_table_and_json(tmp_path):
     # only the study's papers (fedddpm, baselines): no FedPTR, Equitable-FL, FedNH or PerAda rows
     assert "Papers: fedddpm, baselines (study.papers)" in text
     assert "FedPTR" not in claims_md and "PerAda" not in claims_md
-    # 14 claims: 13 judged (none holds after Holm over 13), the stop round with SE = 0
-    assert "- **FedDDPM (Peng et al. 2025)**: 0 of 14 held, 0 contradicted, 14 not shown" in text
+    # 11 claims of the paper: 10 judged (the stop share with SE = 0), Holm over 10; the match claim
+    # (p 0.0047) holds at 10 x 0.0047 = 0.047. The baselines' ordering is its own family of 3
+    assert ("- **FedDDPM (Peng et al. 2025)**: 1 of 11 held, 0 contradicted, 10 not shown (0 smaller "
+            "than the paper's, 9 undecided)") in text
+    assert ("- **FedDDPM (Peng et al. 2025) · orderings among baselines and controls (not the paper's "
+            "claims)**: 0 of 3 held, 0 contradicted, 3 not shown (1 smaller than the paper's, "
+            "2 undecided)") in text
+    assert "**Orderings among baselines and controls (not the paper's claims)** (Holm" in text
     assert "- **SCAFFOLD (Karimireddy et al. 2020)**: 1 of 1 held, 0 contradicted, 0 not shown" in text
-    # what can hold here: 13 judged FedDDPM claims over 3 replicates
-    assert f"mean(d) / SE ≥ {min_detectable_t(3, 13):.2f}" in text and f"{min_detectable_t(3):.2f}" in text
+    # what can hold here: 10 judged FedDDPM claims over 3 replicates
+    assert f"mean(d) / SE ≥ {min_detectable_t(3, 10):.2f}" in text and f"{min_detectable_t(3):.2f}" in text
 
     data = read_json(tmp_path / "report" / "claims.json")
     records = data["claims"]
@@ -493,10 +506,16 @@ def test_build_report_claims_table_and_json(tmp_path):
                               "fedavg": {"0": 94.0, "1": 101.6, "2": 56.9}}
     assert main["status"] == "not shown" and main["mean_diff"] == pytest.approx(29.2 / 3)
     assert main["se"] == pytest.approx(6.4808, abs=1e-4) and main["test"] == "paired"
-    assert main["family"] == 13 and main["p"] == pytest.approx(0.1360, abs=1e-4)
-    stop = by["fedddpm/stop_fraction/fedddpm_plus-lt-half_of_rounds"]  # 20 of 40 on every seed
-    assert stop["values"]["half_of_rounds"] == {"0": 0.5, "1": 0.5, "2": 0.5}
-    assert stop["status"] == "not shown" and stop["mean_diff"] == 0 and stop["se"] == 0
+    assert main["family"] == "paper" and main["family_size"] == 10
+    assert main["p"] == pytest.approx(0.1360, abs=1e-4)
+    # not shown, and the paper's effect (Table I: 1.910 vs 5.822, 67.2% lower) at our FedAvg mean
+    # 84.17 is 56.55, inside the bound: undecided, with the replicates for 80% power
+    assert main["paper_effect"]["value"] == pytest.approx((5.822 - 1.910) / 5.822 * (94.0 + 101.6 + 56.9) / 3)
+    assert main["resolution"] == "undecided" and main["n_for_power"] == 19
+    assert main["quote"] == fedddpm_claims.QUOTE_BEATS
+    stop = by["fedddpm/stop_fraction/fedddpm_plus-lt-paper_latest_stop"]  # 20 of 40 on every seed
+    assert stop["values"]["paper_latest_stop"] == {"0": 0.55, "1": 0.55, "2": 0.55}
+    assert stop["status"] == "not shown" and stop["mean_diff"] == pytest.approx(0.05) and stop["se"] == 0
     assert stop["p"] is None and "SE = 0" in stop["reason"]
     # aux-only training (Table IV): d = 16.7, 23.1, 11.5; t = 5.09 (df 2), p = 0.018, Holm x 13
     aux = by["fedddpm/fid/fedddpm-lt-aux_only"]
