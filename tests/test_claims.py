@@ -829,3 +829,135 @@ def test_the_claims_command_prints_a_report_and_refuses_what_it_cannot_read(tmp_
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+# -- issue 42: families, quotes, and "not shown" as ruled out or undecided ------------------------
+
+SAME = Claim("Paper (X 2020)", "m acc > b acc", "classification", "acc", "m", "b", "higher",
+             "Table 9: 15 vs 10", paper_values=(15.0, 10.0), paper_units="same")
+
+
+def test_not_shown_is_ruled_out_when_the_papers_effect_is_above_the_upper_bound():
+    """d = -1, 1, 3: mean 1, SE 2 / sqrt(3) = 1.1547, t = 0.866 (p = 0.239): not shown. The one-sided
+    95% upper bound is 1 + t(0.95, 2) SE = 1 + 2.91999 * 1.1547 = 4.3717; the paper's effect 15 - 10
+    = 5 lies above it: "smaller than the paper's"."""
+    vals = {"m": seeds(9, 11, 13), "b": seeds(10, 10, 10)}
+    r = judge(SAME, vals)
+    assert r.status == "not shown" and r.p == pytest.approx(t2_sf(1 / (2 / math.sqrt(3))))
+    assert r.paper_effect == 5.0
+    assert r.upper_bound == pytest.approx(1 + 2.919986 * 2 / math.sqrt(3), abs=1e-5)
+    assert r.resolution == "smaller than the paper's" and r.n_for_power is None
+    assert "upper bound 4.372" in r.reason
+    # the paper's effect 3 (13 vs 10) is inside the bound: undecided. The observed effect is
+    # mean / SD of one replicate's difference = 1 / 2 = 0.5 SD; 80% power at level 0.05 takes 27
+    # replicates (26 give less): the normal approximation ((1.645 + 0.842) / 0.5)^2 = 24.7, plus the t
+    r = judge(replace(SAME, paper_values=(13.0, 10.0)), vals)
+    assert r.resolution == "undecided" and r.n_for_power == 27
+    assert power(0.5, 27) >= 0.8 > power(0.5, 26)
+    assert "about 27 replicates for 80% power" in r.reason
+    # a lower claim flips the sign of the paper's difference; percent points are read / 100
+    low = replace(SAME, direction="lower", paper_values=(95.0, 99.0), paper_units="percent")
+    assert judge(low, {"m": seeds(0.5, 0.6, 0.7), "b": seeds(0.6, 0.6, 0.6)}).paper_effect == \
+        pytest.approx(0.04)
+    # relative units: the paper's relative difference times our baseline's mean (FID 1.91 vs 5.822)
+    rel = replace(SAME, direction="lower", paper_values=(1.91, 5.822), paper_units="relative")
+    r = judge(rel, {"m": seeds(40, 50, 60), "b": seeds(70, 80, 90)})
+    assert r.paper_effect == pytest.approx((5.822 - 1.91) / 5.822 * 80)
+    # the observed effect pointing the other way (d = 1, -1, -3: bound -1 + 3.3717 = 2.37 above the
+    # paper's 2): undecided, and no replicate count gives power at it
+    r = judge(replace(SAME, paper_values=(12.0, 10.0)), {"m": seeds(11, 9, 7), "b": seeds(10, 10, 10)})
+    assert r.upper_bound == pytest.approx(-1 + 2.919986 * 2 / math.sqrt(3), abs=1e-5)
+    assert r.status == "not shown" and r.resolution == "undecided" and r.n_for_power is None
+    # no paper number (a claim without paper_values): never ruled out
+    assert judge(replace(SAME, paper_values=None, paper_units=None), vals).resolution == "undecided"
+
+
+def test_the_bound_uses_the_familys_level():
+    """In a family of k judged claims the bound is at level alpha / k (Bonferroni, the first Holm
+    step): with 2 claims, 1 + t(0.975, 2) SE = 1 + 4.3027 * 1.1547 = 5.968 > 5: undecided now."""
+    per_seed = {"m": {s: {"acc": v} for s, v in seeds(9, 11, 13).items()},
+                "b": {s: {"acc": 10.0} for s in range(3)}}
+    other = Claim("Paper (X 2020)", "b acc < m acc", "classification", "acc", "b", "m", "lower")
+    r = judge_all([SAME, other], {"classification": per_seed})[0]
+    assert r.family_size == 2 and r.upper_bound == pytest.approx(1 + 4.302653 * 2 / math.sqrt(3),
+                                                                 abs=1e-5)
+    assert r.resolution == "undecided"
+    from fedpipe.claims import replicates_for_power
+
+    assert r.n_for_power == replicates_for_power(0.5, 2) and power(0.5, r.n_for_power, 2) >= 0.8
+
+
+def test_families_are_corrected_apart():
+    """Two claims at p = 0.0175 each: in one family Holm doubles the smaller (0.035, both held);
+    a third at p = 0.136 in the same family makes the first step 3 x 0.0175 = 0.053 (none held), but
+    in the ordering family it costs the paper's claims nothing."""
+    strong = {"m": {s: {"a": v} for s, v in seeds(10, 11, 12).items()},
+              "b": {s: {"a": v} for s, v in seeds(13, 15, 14).items()},
+              "f": {s: {"a": v} for s, v in seeds(83.4, 81.1, 58.8).items()},
+              "g": {s: {"a": v} for s, v in seeds(94.0, 101.6, 56.9).items()}}
+    c1 = Claim("P (1)", "b > m", "classification", "a", "b", "m", "higher")
+    c2 = Claim("P (1)", "m < b", "classification", "a", "m", "b", "lower")
+    c3 = Claim("P (1)", "f < g", "classification", "a", "f", "g", "lower")
+    same = judge_all([c1, c2, c3], {"classification": strong})
+    assert [r.status for r in same] == ["not shown"] * 3 and same[0].family_size == 3
+    apart = judge_all([c1, c2, replace(c3, family="ordering")], {"classification": strong})
+    assert [r.status for r in apart] == ["held", "held", "not shown"]
+    assert [r.family_size for r in apart] == [2, 2, 1]
+    assert apart[0].p_holm == pytest.approx(2 * t2_sf(3 * math.sqrt(3)))
+    assert apart[2].p_holm == pytest.approx(apart[2].p)  # a family of one: no correction
+    assert paper_summaries(apart) == {
+        "P (1)": "2 of 2 held, 0 contradicted, 0 not shown",
+        "P (1) · orderings among baselines and controls (not the paper's claims)":
+            "0 of 1 held, 0 contradicted, 1 not shown (0 smaller than the paper's, 1 undecided)"}
+    with pytest.raises(ValueError, match="family"):
+        Claim("P", "x", "classification", "a", "m", "b", "lower", family="extra")
+    with pytest.raises(ValueError, match="paper_values"):
+        Claim("P", "x", "classification", "a", "m", "b", "lower", paper_values=(1.0, 2.0))
+
+
+PAPER_TEXTS = {"fedptr": "000_dc0a64f242bd200d.txt", "fedddpm": "001_7bb48b36f8abc90c.txt",
+               "equitable": "002_6a5336d845a6aa80.txt", "perada": "003_49988be174518076.txt",
+               "fednh": "004_64f81132a04eff77.txt"}
+PAPERS_DIR = REPO.parent / "shared" / "papers"  # the papers as text (outside the repository)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_claim_of_every_paper_quotes_the_paper():
+    """Every claim (and fact) of every paper module carries a quote and a source; the paper's own
+    claims (family "paper") of the five papers whose text this project keeps are found verbatim in
+    it ("…" marks text left out), where the texts are on disk."""
+    from fedpipe.claims import _modules
+
+    arms = sorted({a for m in _modules().values() for a in m.ARMS} | {
+        "fedavg", "fedprox", "scaffold", "feddyn", "feddc", "gifair", "pow_d", "cluster2", "fairfed",
+        "fedrod", "local", "fedper", "ditto", "fedrep", "fedproto", "creff", "fedbabu", "fedavg_ft",
+        "lg_fedavg", "feddf", "apfl", "pfedme", "fedbn"})
+    study = build(StudyConfig, {"algorithms": arms, "diffusion_algorithms": ["fedavg", "fedddpm"],
+                                "seeds": [0, 1, 2], "papers": list(PAPER_KEYS)}, "study")
+    by_key = {k: m.claims(study) for k, m in _modules().items()}
+    assert all(by_key.values())
+    texts = {k: _norm((PAPERS_DIR / f).read_text()) for k, f in PAPER_TEXTS.items()
+             if (PAPERS_DIR / f).is_file()}
+    checked = 0
+    for key, claims in by_key.items():
+        for c in claims:
+            assert c.quote.strip() and c.source.strip(), c.key
+            assert c.family in ("paper", "ordering"), c.key
+            if c.family == "paper" and key in texts:
+                pos = 0
+                for part in (p.strip() for p in c.quote.split("…")):
+                    found = texts[key].find(_norm(part), pos)
+                    assert found >= 0, f"{c.key}: {part!r} not in the paper"
+                    pos = found + len(part)
+                checked += 1
+    assert checked >= (60 if len(texts) == 5 else 0)
+    # the orderings: baselines among themselves and project controls, never the method's claim
+    ordering = [c for cs in by_key.values() for c in cs if c.family == "ordering"]
+    assert {(c.method, c.baseline) for c in ordering} == {
+        ("fedprox", "fedavg"), ("scaffold", "fedavg"), ("mofedsam", "fedavg"),
+        ("fairfed", "fedprox"), ("cluster2", "fedprox"), ("pow_d", "fedprox"),
+        ("fedptr_s", "fedptr_noproj"), ("fedptr", "fedptr_noproj"),
+        ("fedrep", "ditto"), ("lg_fedavg", "ditto")}
