@@ -961,3 +961,35 @@ def test_every_claim_of_every_paper_quotes_the_paper():
         ("fairfed", "fedprox"), ("cluster2", "fedprox"), ("pow_d", "fedprox"),
         ("fedptr_s", "fedptr_noproj"), ("fedptr", "fedptr_noproj"),
         ("fedrep", "ditto"), ("lg_fedavg", "ditto")}
+
+
+def test_the_results_tables_are_generated_from_claims_json(tmp_path, capsys):
+    """`make claims-docs`: every `<!-- claims: <study> -->` block is rewritten from
+    docs/runs/<study>.claims.json (per family, with the verdict and its resolution), a study
+    without one is named as needing a re-run, and a second pass changes nothing."""
+    from fedpipe.claims import docs
+    from fedpipe.claims.__main__ import main
+
+    per_seed = {"m": {s: {"acc": v} for s, v in seeds(9, 11, 13).items()},
+                "b": {s: {"acc": 10.0} for s in range(3)}}
+    ordering = Claim("Paper (X 2020)", "b acc < m acc", "classification", "acc", "b", "m", "lower",
+                     "Table 9", quote="Table 9", family="ordering")
+    results = judge_all([replace(SAME, quote="our method wins"), ordering],
+                        {"classification": per_seed})
+    runs = tmp_path / "runs"
+    write_json(runs / "a_smoke.claims.json", claims_metrics(results))
+    md = tmp_path / "results.md"
+    md.write_text("# R\n\n<!-- claims: a_smoke -->\nhand-written\n<!-- /claims -->\n\n"
+                  "<!-- claims: b_smoke -->\n<!-- /claims -->\n")
+    text, needed = docs.update(md, runs)
+    assert needed == ["b_smoke"] and "hand-written" not in text
+    assert "**Paper (X 2020)**: 0 of 1 held, 0 contradicted, 1 not shown (1 smaller than the " \
+        "paper's, 0 undecided)." in text
+    assert "**Paper (X 2020) · orderings among baselines and controls" in text
+    assert ("| m acc > b acc | Table 9: 15 vs 10 | +5 | +1 ± 1.2 [-3.97, +5.97] | 3 | not shown, "
+            "smaller than the paper's (upper bound +4.372 < paper's +5) (Holm p 0.24) |") in text
+    assert "No claims.json of b_smoke on disk" in text
+    md.write_text(text)
+    assert docs.update(md, runs)[0] == text  # idempotent
+    assert main(["--markdown", str(runs / "a_smoke.claims.json")]) == 0
+    assert "smaller than the paper's" in capsys.readouterr().out

@@ -48,7 +48,6 @@ from fedpipe.claims import (
     FAMILIES,
     FAMILY_LABELS,
     RESOLUTION_RULE,
-    resolution_text,
     RULE,
     ClaimResult,
     all_claims,
@@ -59,6 +58,7 @@ from fedpipe.claims import (
     min_detectable_lines,
     paper_summaries,
     report_sections,
+    resolution_text,
     study_papers,
     summary,
 )
