@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast test-presets lint bench params clean-venv smoke ui exps estimate
+.PHONY: run test test-fast test-presets lint bench params clean-venv smoke ui exps estimate claims-docs
 
 # Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run` named after its study, queued
 # and run SMOKE_JOBS at a time (one per core, one torch thread each unless FEDPIPE_THREADS says
@@ -36,6 +36,13 @@ smoke: $(STAMP)
 	  echo "== study=$$s"; \
 	  python -m fedpipe.claims --exp $$s || rc=1; \
 	done; exit $$rc
+
+# The per-study claims tables of docs/results.md, generated: each smoke (and mnist5k) study's
+# claims.json from its DVC experiment to docs/runs/<study>.claims.json where one exists, then every
+# `<!-- claims: <study> -->` block regenerated from those files (a study without one: "re-run").
+CLAIMS_STUDIES := $(SMOKE_STUDIES) equitable_mnist5k
+claims-docs: $(STAMP)
+	$(BIN)/python -m fedpipe.claims --collect $(CLAIMS_STUDIES) --update-docs docs/results.md
 
 # Two test processes (one per core), a test file per process (module fixtures and order kept).
 test: $(STAMP)

@@ -77,7 +77,7 @@ def test_paired_claim_that_holds():
     assert r.p == pytest.approx(t2_sf(3 * math.sqrt(3))) and r.p == pytest.approx(0.01754, abs=1e-5)
     assert r.p == pytest.approx(stats.ttest_rel([13, 15, 14], [10, 11, 12], alternative="greater").pvalue)
     assert r.p_opposite == pytest.approx(1 - r.p)
-    assert r.status == "held" and r.held and r.family == 1 and r.p_holm == r.p
+    assert r.status == "held" and r.held and r.family_size == 1 and r.p_holm == r.p
     assert r.method_values == {"0": 10, "1": 11, "2": 12} and r.baseline_values["2"] == 14
     # the 95% t-interval of the mean difference: 3 -+ t(0.975, 2) / sqrt(3) = 3 -+ 4.303 * 0.5774
     lo, hi = r.ci
@@ -147,7 +147,7 @@ def test_holm_over_a_papers_claims_in_judge_all():
     c1 = Claim("P (1)", "b > m", "classification", "a", "b", "m", "higher")
     c2 = Claim("P (1)", "m < b", "classification", "a", "m", "b", "lower")
     two = judge_all([c1, c2], strong)
-    assert [r.status for r in two] == ["held", "held"] and two[0].family == 2
+    assert [r.status for r in two] == ["held", "held"] and two[0].family_size == 2
     assert two[0].p_holm == pytest.approx(2 * t2_sf(3 * math.sqrt(3)))
     tracks = {"classification": {**strong["classification"],
                                  "f": {s: {"a": v} for s, v in seeds(83.4, 81.1, 58.8).items()},
@@ -156,7 +156,7 @@ def test_holm_over_a_papers_claims_in_judge_all():
     other = Claim("Q (2)", "b > m", "classification", "a", "b", "m", "higher")  # its own family
     three = judge_all([c1, c2, c3, other], tracks)
     assert [r.status for r in three] == ["not shown"] * 3 + ["held"]
-    assert three[0].p_holm == pytest.approx(3 * t2_sf(3 * math.sqrt(3))) and three[3].family == 1
+    assert three[0].p_holm == pytest.approx(3 * t2_sf(3 * math.sqrt(3))) and three[3].family_size == 1
 
 
 def test_ties_and_zero_se_never_hold():
@@ -178,7 +178,7 @@ def test_ties_and_zero_se_never_hold():
                             "c": {s: {"fid": v} for s, v in seeds(10, 11, 12).items()}}}
     tied = Claim("Paper (X 2020)", "m < c", "diffusion", "fid", "m", "c", "lower")
     res = judge_all([LOWER, tied], tracks)
-    assert [r.status for r in res] == ["held", "not shown"] and res[0].family == 1
+    assert [r.status for r in res] == ["held", "not shown"] and res[0].family_size == 1
     # the vectorised rule: SE = 0 gives p = 1 both ways
     p, po = directional_p(np.array([1.0, 0.0]), np.array([0.0, 0.0]), np.array([2.0, 2.0]))
     assert list(p) == [1.0, 1.0] and list(po) == [1.0, 1.0]
@@ -310,9 +310,14 @@ def test_registry_fedddpm_claims_as_the_paper_states_them():
     # FedDDPM+ ~ FedDDPM within Table I's largest relative gap (2.188 vs 1.910)
     match = by[("fedddpm_plus", "fedddpm", "fid")]
     assert match.direction == "match" and match.tolerance == pytest.approx(0.1455, abs=1e-4)
-    # FedDDPM+ stops at most half-way: its stop round over the rounds, against a constant 0.5
-    stop = by[("fedddpm_plus", "half_of_rounds", "stop_fraction")]
-    assert stop.direction == "lower" and stop.reference == 0.5 and "160 of 400" in stop.source
+    # FedDDPM+ stops within the paper's range: its stop share below the paper's latest, 330 of 600
+    stop = by[("fedddpm_plus", "paper_latest_stop", "stop_fraction")]
+    assert stop.direction == "lower" and stop.reference == 0.55 and "round 160 of 400" in stop.source
+    assert stop.paper_values == (0.4, 0.55) and stop.paper_units == "same"
+    # the baselines' ordering is the second family, not the paper's claims
+    assert {c.family for c in papers[fedddpm_claims.PAPER] if c.baseline == "fedavg"
+            and c.method in ("fedprox", "scaffold", "mofedsam")} == {"ordering"}
+    assert sum(c.family == "paper" for c in papers[fedddpm_claims.PAPER]) == 11
     assert by[("fedddpm", "aux_only", "fid")].direction == "lower"
     base = {c.method: c for c in papers["classification baselines"]}
     assert set(base) == {"scaffold", "feddyn", "feddc"}
@@ -345,14 +350,16 @@ def test_claims_json_records_and_facts_apart():
     assert records[0]["held"] is True and records[0]["values"] == {
         "m": {"0": 10, "1": 11, "2": 12}, "b": {"0": 13, "1": 15, "2": 14}}
     assert records[0]["mean_diff"] == pytest.approx(3.0) and records[0]["source"] == "Table 1"
-    assert records[0]["p_holm"] == pytest.approx(t2_sf(3 * math.sqrt(3))) and records[0]["family"] == 1
+    assert records[0]["p_holm"] == pytest.approx(t2_sf(3 * math.sqrt(3)))
+    assert records[0]["family"] == "paper" and records[0]["family_size"] == 1
     assert records[0]["ci95"][0] == pytest.approx(3 - 4.3027 / math.sqrt(3), abs=1e-3)
     assert records[1]["held"] is False and records[1]["status"] == "not evaluated"
     # the fact: SE = 0 by construction, true on every replicate, never counted as a held claim
     assert results[2].status == "true" and results[2].reason == "3 of 3 replicates"
     metrics = claims_metrics(results)
     assert metrics["summary"] == {"claims": 2, "held": 1, "not_shown": 0, "contradicted": 0,
-                                  "not_judged": 0, "not_evaluated": 1, "facts": 1}
+                                  "not_judged": 0, "not_evaluated": 1, "smaller_than_paper": 0,
+                                  "undecided": 0, "facts": 1}
     assert metrics["papers"] == {"Paper (X 2020)": metrics["summary"]}
     assert metrics["held"] == {"paper/fid/m-lt-b": True, "paper/test_accuracy/m-gt-b": False}
     assert metrics["facts"] == {"paper/share/m-lt-b": True}
@@ -477,11 +484,17 @@ def test_build_report_claims_table_and_json(tmp_path):
     # only the study's papers (fedddpm, baselines): no FedPTR, Equitable-FL, FedNH or PerAda rows
     assert "Papers: fedddpm, baselines (study.papers)" in text
     assert "FedPTR" not in claims_md and "PerAda" not in claims_md
-    # 14 claims: 13 judged (none holds after Holm over 13), the stop round with SE = 0
-    assert "- **FedDDPM (Peng et al. 2025)**: 0 of 14 held, 0 contradicted, 14 not shown" in text
+    # 11 claims of the paper: 10 judged (the stop share with SE = 0), Holm over 10; the match claim
+    # (p 0.0047) holds at 10 x 0.0047 = 0.047. The baselines' ordering is its own family of 3
+    assert ("- **FedDDPM (Peng et al. 2025)**: 1 of 11 held, 0 contradicted, 10 not shown (0 smaller "
+            "than the paper's, 9 undecided)") in text
+    assert ("- **FedDDPM (Peng et al. 2025) · orderings among baselines and controls (not the paper's "
+            "claims)**: 0 of 3 held, 0 contradicted, 3 not shown (1 smaller than the paper's, "
+            "2 undecided)") in text
+    assert "**Orderings among baselines and controls (not the paper's claims)** (Holm" in text
     assert "- **SCAFFOLD (Karimireddy et al. 2020)**: 1 of 1 held, 0 contradicted, 0 not shown" in text
-    # what can hold here: 13 judged FedDDPM claims over 3 replicates
-    assert f"mean(d) / SE ≥ {min_detectable_t(3, 13):.2f}" in text and f"{min_detectable_t(3):.2f}" in text
+    # what can hold here: 10 judged FedDDPM claims over 3 replicates
+    assert f"mean(d) / SE ≥ {min_detectable_t(3, 10):.2f}" in text and f"{min_detectable_t(3):.2f}" in text
 
     data = read_json(tmp_path / "report" / "claims.json")
     records = data["claims"]
@@ -493,10 +506,16 @@ def test_build_report_claims_table_and_json(tmp_path):
                               "fedavg": {"0": 94.0, "1": 101.6, "2": 56.9}}
     assert main["status"] == "not shown" and main["mean_diff"] == pytest.approx(29.2 / 3)
     assert main["se"] == pytest.approx(6.4808, abs=1e-4) and main["test"] == "paired"
-    assert main["family"] == 13 and main["p"] == pytest.approx(0.1360, abs=1e-4)
-    stop = by["fedddpm/stop_fraction/fedddpm_plus-lt-half_of_rounds"]  # 20 of 40 on every seed
-    assert stop["values"]["half_of_rounds"] == {"0": 0.5, "1": 0.5, "2": 0.5}
-    assert stop["status"] == "not shown" and stop["mean_diff"] == 0 and stop["se"] == 0
+    assert main["family"] == "paper" and main["family_size"] == 10
+    assert main["p"] == pytest.approx(0.1360, abs=1e-4)
+    # not shown, and the paper's effect (Table I: 1.910 vs 5.822, 67.2% lower) at our FedAvg mean
+    # 84.17 is 56.55, inside the bound: undecided, with the replicates for 80% power
+    assert main["paper_effect"]["value"] == pytest.approx((5.822 - 1.910) / 5.822 * (94.0 + 101.6 + 56.9) / 3)
+    assert main["resolution"] == "undecided" and main["n_for_power"] == 19
+    assert main["quote"] == fedddpm_claims.QUOTE_BEATS
+    stop = by["fedddpm/stop_fraction/fedddpm_plus-lt-paper_latest_stop"]  # 20 of 40 on every seed
+    assert stop["values"]["paper_latest_stop"] == {"0": 0.55, "1": 0.55, "2": 0.55}
+    assert stop["status"] == "not shown" and stop["mean_diff"] == pytest.approx(0.05) and stop["se"] == 0
     assert stop["p"] is None and "SE = 0" in stop["reason"]
     # aux-only training (Table IV): d = 16.7, 23.1, 11.5; t = 5.09 (df 2), p = 0.018, Holm x 13
     aux = by["fedddpm/fid/fedddpm-lt-aux_only"]
@@ -810,3 +829,167 @@ def test_the_claims_command_prints_a_report_and_refuses_what_it_cannot_read(tmp_
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+# -- issue 42: families, quotes, and "not shown" as ruled out or undecided ------------------------
+
+SAME = Claim("Paper (X 2020)", "m acc > b acc", "classification", "acc", "m", "b", "higher",
+             "Table 9: 15 vs 10", paper_values=(15.0, 10.0), paper_units="same")
+
+
+def test_not_shown_is_ruled_out_when_the_papers_effect_is_above_the_upper_bound():
+    """d = -1, 1, 3: mean 1, SE 2 / sqrt(3) = 1.1547, t = 0.866 (p = 0.239): not shown. The one-sided
+    95% upper bound is 1 + t(0.95, 2) SE = 1 + 2.91999 * 1.1547 = 4.3717; the paper's effect 15 - 10
+    = 5 lies above it: "smaller than the paper's"."""
+    vals = {"m": seeds(9, 11, 13), "b": seeds(10, 10, 10)}
+    r = judge(SAME, vals)
+    assert r.status == "not shown" and r.p == pytest.approx(t2_sf(1 / (2 / math.sqrt(3))))
+    assert r.paper_effect == 5.0
+    assert r.upper_bound == pytest.approx(1 + 2.919986 * 2 / math.sqrt(3), abs=1e-5)
+    assert r.resolution == "smaller than the paper's" and r.n_for_power is None
+    assert "upper bound 4.372" in r.reason
+    # the paper's effect 3 (13 vs 10) is inside the bound: undecided. The observed effect is
+    # mean / SD of one replicate's difference = 1 / 2 = 0.5 SD; 80% power at level 0.05 takes 27
+    # replicates (26 give less): the normal approximation ((1.645 + 0.842) / 0.5)^2 = 24.7, plus the t
+    r = judge(replace(SAME, paper_values=(13.0, 10.0)), vals)
+    assert r.resolution == "undecided" and r.n_for_power == 27
+    assert power(0.5, 27) >= 0.8 > power(0.5, 26)
+    assert "about 27 replicates for 80% power" in r.reason
+    # a lower claim flips the sign of the paper's difference; percent points are read / 100
+    low = replace(SAME, direction="lower", paper_values=(95.0, 99.0), paper_units="percent")
+    assert judge(low, {"m": seeds(0.5, 0.6, 0.7), "b": seeds(0.6, 0.6, 0.6)}).paper_effect == \
+        pytest.approx(0.04)
+    # relative units: the paper's relative difference times our baseline's mean (FID 1.91 vs 5.822)
+    rel = replace(SAME, direction="lower", paper_values=(1.91, 5.822), paper_units="relative")
+    r = judge(rel, {"m": seeds(40, 50, 60), "b": seeds(70, 80, 90)})
+    assert r.paper_effect == pytest.approx((5.822 - 1.91) / 5.822 * 80)
+    # the observed effect pointing the other way (d = 1, -1, -3: bound -1 + 3.3717 = 2.37 above the
+    # paper's 2): undecided, and no replicate count gives power at it
+    r = judge(replace(SAME, paper_values=(12.0, 10.0)), {"m": seeds(11, 9, 7), "b": seeds(10, 10, 10)})
+    assert r.upper_bound == pytest.approx(-1 + 2.919986 * 2 / math.sqrt(3), abs=1e-5)
+    assert r.status == "not shown" and r.resolution == "undecided" and r.n_for_power is None
+    # no paper number (a claim without paper_values): never ruled out
+    assert judge(replace(SAME, paper_values=None, paper_units=None), vals).resolution == "undecided"
+
+
+def test_the_bound_uses_the_familys_level():
+    """In a family of k judged claims the bound is at level alpha / k (Bonferroni, the first Holm
+    step): with 2 claims, 1 + t(0.975, 2) SE = 1 + 4.3027 * 1.1547 = 5.968 > 5: undecided now."""
+    per_seed = {"m": {s: {"acc": v} for s, v in seeds(9, 11, 13).items()},
+                "b": {s: {"acc": 10.0} for s in range(3)}}
+    other = Claim("Paper (X 2020)", "b acc < m acc", "classification", "acc", "b", "m", "lower")
+    r = judge_all([SAME, other], {"classification": per_seed})[0]
+    assert r.family_size == 2 and r.upper_bound == pytest.approx(1 + 4.302653 * 2 / math.sqrt(3),
+                                                                 abs=1e-5)
+    assert r.resolution == "undecided"
+    from fedpipe.claims import replicates_for_power
+
+    assert r.n_for_power == replicates_for_power(0.5, 2) and power(0.5, r.n_for_power, 2) >= 0.8
+
+
+def test_families_are_corrected_apart():
+    """Two claims at p = 0.0175 each: in one family Holm doubles the smaller (0.035, both held);
+    a third at p = 0.136 in the same family makes the first step 3 x 0.0175 = 0.053 (none held), but
+    in the ordering family it costs the paper's claims nothing."""
+    strong = {"m": {s: {"a": v} for s, v in seeds(10, 11, 12).items()},
+              "b": {s: {"a": v} for s, v in seeds(13, 15, 14).items()},
+              "f": {s: {"a": v} for s, v in seeds(83.4, 81.1, 58.8).items()},
+              "g": {s: {"a": v} for s, v in seeds(94.0, 101.6, 56.9).items()}}
+    c1 = Claim("P (1)", "b > m", "classification", "a", "b", "m", "higher")
+    c2 = Claim("P (1)", "m < b", "classification", "a", "m", "b", "lower")
+    c3 = Claim("P (1)", "f < g", "classification", "a", "f", "g", "lower")
+    same = judge_all([c1, c2, c3], {"classification": strong})
+    assert [r.status for r in same] == ["not shown"] * 3 and same[0].family_size == 3
+    apart = judge_all([c1, c2, replace(c3, family="ordering")], {"classification": strong})
+    assert [r.status for r in apart] == ["held", "held", "not shown"]
+    assert [r.family_size for r in apart] == [2, 2, 1]
+    assert apart[0].p_holm == pytest.approx(2 * t2_sf(3 * math.sqrt(3)))
+    assert apart[2].p_holm == pytest.approx(apart[2].p)  # a family of one: no correction
+    assert paper_summaries(apart) == {
+        "P (1)": "2 of 2 held, 0 contradicted, 0 not shown",
+        "P (1) · orderings among baselines and controls (not the paper's claims)":
+            "0 of 1 held, 0 contradicted, 1 not shown (0 smaller than the paper's, 1 undecided)"}
+    with pytest.raises(ValueError, match="family"):
+        Claim("P", "x", "classification", "a", "m", "b", "lower", family="extra")
+    with pytest.raises(ValueError, match="paper_values"):
+        Claim("P", "x", "classification", "a", "m", "b", "lower", paper_values=(1.0, 2.0))
+
+
+PAPER_TEXTS = {"fedptr": "000_dc0a64f242bd200d.txt", "fedddpm": "001_7bb48b36f8abc90c.txt",
+               "equitable": "002_6a5336d845a6aa80.txt", "perada": "003_49988be174518076.txt",
+               "fednh": "004_64f81132a04eff77.txt"}
+PAPERS_DIR = REPO.parent / "shared" / "papers"  # the papers as text (outside the repository)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_claim_of_every_paper_quotes_the_paper():
+    """Every claim (and fact) of every paper module carries a quote and a source; the paper's own
+    claims (family "paper") of the five papers whose text this project keeps are found verbatim in
+    it ("…" marks text left out), where the texts are on disk."""
+    from fedpipe.claims import _modules
+
+    arms = sorted({a for m in _modules().values() for a in m.ARMS} | {
+        "fedavg", "fedprox", "scaffold", "feddyn", "feddc", "gifair", "pow_d", "cluster2", "fairfed",
+        "fedrod", "local", "fedper", "ditto", "fedrep", "fedproto", "creff", "fedbabu", "fedavg_ft",
+        "lg_fedavg", "feddf", "apfl", "pfedme", "fedbn"})
+    study = build(StudyConfig, {"algorithms": arms, "diffusion_algorithms": ["fedavg", "fedddpm"],
+                                "seeds": [0, 1, 2], "papers": list(PAPER_KEYS)}, "study")
+    by_key = {k: m.claims(study) for k, m in _modules().items()}
+    assert all(by_key.values())
+    texts = {k: _norm((PAPERS_DIR / f).read_text()) for k, f in PAPER_TEXTS.items()
+             if (PAPERS_DIR / f).is_file()}
+    checked = 0
+    for key, claims in by_key.items():
+        for c in claims:
+            assert c.quote.strip() and c.source.strip(), c.key
+            assert c.family in ("paper", "ordering"), c.key
+            if c.family == "paper" and key in texts:
+                pos = 0
+                for part in (p.strip() for p in c.quote.split("…")):
+                    found = texts[key].find(_norm(part), pos)
+                    assert found >= 0, f"{c.key}: {part!r} not in the paper"
+                    pos = found + len(part)
+                checked += 1
+    assert checked >= (60 if len(texts) == 5 else 0)
+    # the orderings: baselines among themselves and project controls, never the method's claim
+    ordering = [c for cs in by_key.values() for c in cs if c.family == "ordering"]
+    assert {(c.method, c.baseline) for c in ordering} == {
+        ("fedprox", "fedavg"), ("scaffold", "fedavg"), ("mofedsam", "fedavg"),
+        ("fairfed", "fedprox"), ("cluster2", "fedprox"), ("pow_d", "fedprox"),
+        ("fedptr_s", "fedptr_noproj"), ("fedptr", "fedptr_noproj"),
+        ("fedrep", "ditto"), ("lg_fedavg", "ditto")}
+
+
+def test_the_results_tables_are_generated_from_claims_json(tmp_path, capsys):
+    """`make claims-docs`: every `<!-- claims: <study> -->` block is rewritten from
+    docs/runs/<study>.claims.json (per family, with the verdict and its resolution), a study
+    without one is named as needing a re-run, and a second pass changes nothing."""
+    from fedpipe.claims import docs
+    from fedpipe.claims.__main__ import main
+
+    per_seed = {"m": {s: {"acc": v} for s, v in seeds(9, 11, 13).items()},
+                "b": {s: {"acc": 10.0} for s in range(3)}}
+    ordering = Claim("Paper (X 2020)", "b acc < m acc", "classification", "acc", "b", "m", "lower",
+                     "Table 9", quote="Table 9", family="ordering")
+    results = judge_all([replace(SAME, quote="our method wins"), ordering],
+                        {"classification": per_seed})
+    runs = tmp_path / "runs"
+    write_json(runs / "a_smoke.claims.json", claims_metrics(results))
+    md = tmp_path / "results.md"
+    md.write_text("# R\n\n<!-- claims: a_smoke -->\nhand-written\n<!-- /claims -->\n\n"
+                  "<!-- claims: b_smoke -->\n<!-- /claims -->\n")
+    text, needed = docs.update(md, runs)
+    assert needed == ["b_smoke"] and "hand-written" not in text
+    assert "**Paper (X 2020)**: 0 of 1 held, 0 contradicted, 1 not shown (1 smaller than the " \
+        "paper's, 0 undecided)." in text
+    assert "**Paper (X 2020) · orderings among baselines and controls" in text
+    assert ("| m acc > b acc | Table 9: 15 vs 10 | +5 | +1 ± 1.2 [-3.97, +5.97] | 3 | not shown, "
+            "smaller than the paper's (upper bound +4.372 < paper's +5) (Holm p 0.24) |") in text
+    assert "No claims.json of b_smoke on disk" in text
+    md.write_text(text)
+    assert docs.update(md, runs)[0] == text  # idempotent
+    assert main(["--markdown", str(runs / "a_smoke.claims.json")]) == 0
+    assert "smaller than the paper's" in capsys.readouterr().out

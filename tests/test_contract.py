@@ -100,7 +100,8 @@ MTT_NO_BATCHNORM = ("FedPTR's MTT differentiates through the model with torch.fu
                     "in-place statistics update in train mode fails there (aten::add_ on a captured "
                     "tensor) at the first MTT round")
 WITHOUT_BATCHNORM = {"fedptr": MTT_NO_BATCHNORM, "fedptr_fixed": MTT_NO_BATCHNORM,
-                     "fedptr_s": MTT_NO_BATCHNORM, "fedptr_s_once": MTT_NO_BATCHNORM}
+                     "fedptr_s": MTT_NO_BATCHNORM, "fedptr_s_once": MTT_NO_BATCHNORM,
+                     "fedprox_syn": MTT_NO_BATCHNORM}
 """Methods that cannot train a model with BatchNorm, and why: their contract runs use the MLP
 without it."""
 VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -172,6 +173,7 @@ EQUIVALENCE: dict[str, Reference | NoReference] = {
     "fedper": Reference(f"{FEDNH_REF}::test_personal_head_methods_match_reference"),
     "fedproto": Reference(f"{FEDNH_REF}::test_fedproto_matches_reference"),
     "fedprox": Reference(f"{FLBENCH_REF}::test_fedprox_client_and_flower_aggregation"),
+    "fedprox_syn": NoReference(MTT_ONLY),
     "fedptr": NoReference(MTT_ONLY),
     "fedptr_fixed": NoReference(MTT_ONLY),
     "fedptr_noproj": NoReference(MTT_ONLY),

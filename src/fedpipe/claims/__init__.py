@@ -91,6 +91,22 @@ RULE = ("Each claim is judged over ≥ 3 replicates (study.seeds): d = the diffe
         "SE = 0 (no spread over replicates) is never a test: not shown. Fewer than 3 replicates: "
         "not judged; an arm missing from the study: not evaluated.")
 
+FAMILIES = ("paper", "ordering")
+FAMILY_LABELS = {"paper": "the paper's claims",
+                 "ordering": "orderings among baselines and controls (not the paper's claims)"}
+PAPER_UNITS = ("percent", "same", "relative")
+POWER = 0.8
+"""The power at which "undecided" states the replicates needed (:func:`replicates_for_power`)."""
+RULED_OUT = "smaller than the paper's"
+RESOLUTION_RULE = (
+    "Not shown, with a test, says which: \"smaller than the paper's\" when the paper's effect (its "
+    "table's difference in our units: percent points / 100 against our fractions, relative to the "
+    "baseline where the scales differ, e.g. FID) lies above the one-sided upper confidence bound of "
+    "our difference at level α/k (k: the judged claims of its family); otherwise \"undecided\", with "
+    "about how many paired replicates give 80% power at the observed effect as the first Holm step.")
+UNDECIDED = "undecided"
+Family = Literal["paper", "ordering"]
+PaperUnits = Literal["percent", "same", "relative"]
 Direction = Literal["lower", "higher", "match", "at_least"]
 Track = Literal["diffusion", "classification"]
 Values = Mapping[str, Mapping[Any, float]]  # {algorithm: {seed: value}}
@@ -120,6 +136,19 @@ class Claim:
     """A constant baseline (Equitable-FL's "NMI close to 1"): the baseline arm is this value at every
     seed of the method (so the test is paired), and ``baseline`` only names it."""
     fact: bool = False
+    quote: str = ""
+    """The paper's own sentence (or table line) this claim encodes, verbatim; ``source`` says where."""
+    family: Family = "paper"
+    """``paper``: a claim the paper makes about its method; ``ordering``: an ordering among baselines
+    or a project control that the paper's tables show but that is not the paper's claim. Each family
+    of a paper is Holm-corrected on its own (:func:`judge_all`)."""
+    paper_values: tuple[float, float] | None = None
+    """The paper's (method, baseline) numbers this claim reads, in the paper's units (Table 1: 91.82,
+    90.74): the paper's effect, :func:`paper_effect`."""
+    paper_units: PaperUnits | None = None
+    """How the paper's effect becomes the study's units: ``percent`` (the paper's percent points,
+    ours fractions: / 100), ``same`` (the same quantity and scale), ``relative`` (another scale, e.g.
+    Inception FID against ours: the paper's relative difference times our baseline's mean)."""
 
     def __post_init__(self) -> None:
         if self.track not in TRACKS:
@@ -133,6 +162,13 @@ class Claim:
             raise ValueError(f"claim {self.text!r}: tolerance must be > 0, got {self.tolerance}")
         if self.method == self.baseline:
             raise ValueError(f"claim {self.text!r}: method and baseline are both {self.method!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"claim {self.text!r}: family {self.family!r} not in {FAMILIES}")
+        if (self.paper_values is None) != (self.paper_units is None):
+            raise ValueError(f"claim {self.text!r}: paper_values and paper_units go together")
+        if self.paper_units is not None and self.paper_units not in PAPER_UNITS:
+            raise ValueError(f"claim {self.text!r}: paper_units {self.paper_units!r} not in "
+                             f"{PAPER_UNITS}")
 
     @property
     def key(self) -> str:
@@ -163,11 +199,29 @@ class ClaimResult:
     p_opposite: float | None = None
     p_holm: float | None = None
     p_opposite_holm: float | None = None
-    family: int = 0
+    family_size: int = 0
+    """How many judged claims share this claim's Holm family (its paper and ``claim.family``)."""
+    paper_effect: float | None = None
+    """The paper's effect in the study's units and the claimed direction (:func:`paper_effect`)."""
+    upper_bound: float | None = None
+    """Not shown: the one-sided upper confidence bound of the difference at level alpha / k (k =
+    ``family_size``; for an at-least claim, of the difference plus its margin)."""
+    resolution: str | None = None
+    """Not shown, with a test: ``"smaller than the paper's"`` (the paper's effect lies above
+    ``upper_bound``) or ``"undecided"``."""
+    n_for_power: int | None = None
+    """Undecided: about how many paired replicates give :data:`POWER` at the observed effect, as the
+    first Holm step of the family (None when the observed effect points the other way)."""
+    alpha: float = ALPHA
 
     @property
     def held(self) -> bool:
         return self.status in ("held", "true")
+
+    @property
+    def family(self) -> str:
+        """``paper`` or ``ordering`` (the claim's)."""
+        return self.claim.family
 
     @property
     def ci(self) -> tuple[float, float] | None:
@@ -310,7 +364,7 @@ def _unavailable(claim: Claim, m: dict[str, float], b: dict[str, float]) -> Clai
     return None
 
 
-def judge(claim: Claim, values: Values) -> ClaimResult:
+def judge(claim: Claim, values: Values, alpha: float = ALPHA) -> ClaimResult:
     """The test of ``claim`` on ``values`` = {algorithm: {seed: value of claim.metric}}, alone (a
     family of one); :func:`judge_all` applies the Holm correction over a paper's claims."""
     if claim.fact:
@@ -331,7 +385,8 @@ def judge(claim: Claim, values: Values) -> ClaimResult:
     scale = max(abs(x) for x in (*m.values(), *b.values()))
     if se <= SE_ZERO * scale:  # rounding noise of a constant difference is no spread either
         common["se"] = 0.0
-        return ClaimResult(claim, "not shown", m, b, **common, reason=(
+        return ClaimResult(claim, "not shown", m, b, **common, paper_effect=paper_effect(claim, b),
+                           reason=(
             "SE = 0: every replicate gives the same difference, so there is no test; never held "
             "by itself"))
     if claim.direction == "match":
@@ -340,19 +395,117 @@ def judge(claim: Claim, values: Values) -> ClaimResult:
         p, p_opp = directional_p(mean + threshold, se, df)
     else:
         p, p_opp = directional_p(mean, se, df)
-    return _decide(ClaimResult(claim, "", m, b, **common, p=float(p), p_opposite=float(p_opp)), 1)
+    return _decide(ClaimResult(claim, "", m, b, **common, p=float(p), p_opposite=float(p_opp),
+                               paper_effect=paper_effect(claim, b)), 1, alpha=alpha)
 
 
 def _decide(r: ClaimResult, family: int, p_holm: float | None = None,
-            p_opp_holm: float | None = None) -> ClaimResult:
+            p_opp_holm: float | None = None, alpha: float = ALPHA) -> ClaimResult:
     ph = r.p if p_holm is None else p_holm
     po = r.p_opposite if p_opp_holm is None else p_opp_holm
-    status = "held" if ph <= ALPHA else "contradicted" if po <= ALPHA else "not shown"
+    status = "held" if ph <= alpha else "contradicted" if po <= alpha else "not shown"
     what = {"match": "equivalence (TOST)", "at_least": "non-inferiority (one-sided t)"}.get(
         r.claim.direction, "one-sided t")
     reason = (f"{what}: p = {r.p:.3g}, Holm over {family} = {ph:.3g}; opposite p = "
-              f"{r.p_opposite:.3g}, Holm = {po:.3g}; level {ALPHA}")
-    return replace(r, status=status, p_holm=ph, p_opposite_holm=po, family=family, reason=reason)
+              f"{r.p_opposite:.3g}, Holm = {po:.3g}; level {alpha:.3g}")
+    r = replace(r, status=status, p_holm=ph, p_opposite_holm=po, family_size=family, reason=reason,
+                alpha=alpha, upper_bound=None, resolution=None, n_for_power=None)
+    return _resolve(r) if status == "not shown" else r
+
+
+# -- not shown: ruled out, or undecided ----------------------------------------------------------------
+def paper_effect(claim: Claim, baseline: Mapping[str, float]) -> float | None:
+    """The paper's effect in the study's units, signed in the claimed direction (positive = the
+    paper's way), from ``claim.paper_values`` = (method, baseline) in the paper's table:
+
+    - ``percent``: the paper's difference in percent points / 100 (our accuracies are fractions);
+    - ``same``: the paper's difference as it is (the same quantity on the same scale);
+    - ``relative``: the paper's relative difference (method - baseline) / |baseline| times |the mean
+      of our baseline arm| (FID: the paper's Inception FID against our small extractor's).
+
+    For a ``lower`` claim the sign is flipped (baseline - method). None without paper values."""
+    if claim.paper_values is None:
+        return None
+    pm, pb = claim.paper_values
+    diff = pm - pb
+    if claim.paper_units == "percent":
+        effect = diff / 100.0
+    elif claim.paper_units == "same":
+        effect = diff
+    else:
+        ours = [v for v in baseline.values() if math.isfinite(v)]
+        if not ours or pb == 0:
+            return None
+        effect = diff / abs(pb) * abs(float(np.mean(ours)))
+    return -effect if claim.direction == "lower" else effect
+
+
+def upper_bound(mean: float, se: float, df: float, k: int = 1, alpha: float = ALPHA) -> float:
+    """The one-sided upper confidence bound of a mean difference at level ``alpha / k``:
+    ``mean + t(1 - alpha / k, df) * SE`` (Bonferroni over the k judged claims of the family)."""
+    return float(mean + stats.t.isf(alpha / k, df) * se)
+
+
+def replicates_for_power(effect: float, k: int = 1, target: float = POWER, alpha: float = ALPHA,
+                         cap: int = 100_000) -> int | None:
+    """The smallest number of paired replicates (at least :data:`MIN_SEEDS`) at which a directional
+    claim whose true difference is ``effect`` standard deviations of one replicate's difference holds
+    with probability ``target`` as the first Holm step of ``k`` claims (:func:`power`); None when
+    ``effect`` <= 0 or more than ``cap`` would be needed."""
+    if not effect > 0:
+        return None
+    lo, hi = MIN_SEEDS, MIN_SEEDS
+    while power(effect, hi, k, alpha) < target:
+        lo, hi = hi, hi * 2
+        if hi > cap:
+            return None
+    while lo < hi:  # power rises with n: the first n that reaches the target
+        mid = (lo + hi) // 2
+        if power(effect, mid, k, alpha) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def observed_effect_sd(r: ClaimResult) -> float | None:
+    """The observed effect in standard deviations of one replicate's difference, the quantity the
+    power of the claim's test rests on: ``mean / (SE * sqrt(n))`` for a directional claim (Welch:
+    n = the smaller arm), ``(mean + margin) / ...`` for an at-least claim, ``(margin - |mean|) / ...``
+    for a match claim (the nearer of TOST's two tests)."""
+    if r.se is None or not r.se > 0 or r.mean_diff is None or r.n < 2:
+        return None
+    d = r.mean_diff
+    if r.claim.direction == "at_least":
+        d = d + (r.threshold or 0.0)
+    elif r.claim.direction == "match":
+        d = (r.threshold or 0.0) - abs(d)
+    return d / (r.se * math.sqrt(r.n))
+
+
+def _resolve(r: ClaimResult) -> ClaimResult:
+    """A not-shown claim with a test: ruled out (the paper's effect lies above the one-sided upper
+    bound at level alpha / k: "smaller than the paper's") or undecided (with about how many replicates
+    would give 80% power at the observed effect). Match claims are never ruled out (their paper's
+    effect is a tolerance, not a difference to reach)."""
+    if r.p is None or r.se is None or r.df is None:
+        return r
+    k = max(r.family_size, 1)
+    shift = r.threshold if r.claim.direction == "at_least" and r.threshold else 0.0
+    bound = upper_bound(r.mean_diff + shift, r.se, r.df, k, r.alpha)
+    effect = r.paper_effect
+    if (r.claim.direction in ("lower", "higher") and effect is not None and effect > 0
+            and effect > bound):
+        return replace(r, upper_bound=bound, resolution=RULED_OUT, reason=(
+            f"{r.reason}; {RULED_OUT}: the paper's effect {effect:.4g} is above the one-sided "
+            f"{1 - r.alpha / k:.4g} upper bound {bound:.4g}"))
+    e = observed_effect_sd(r)
+    n = None if e is None else replicates_for_power(e, k, alpha=r.alpha)
+    why = (f"about {n} replicates for {POWER:.0%} power at the observed effect ({e:.3g} SD)"
+           if n is not None else "the observed effect points the other way: no replicate count "
+           f"gives {POWER:.0%} power at it")
+    return replace(r, upper_bound=bound, resolution=UNDECIDED, n_for_power=n,
+                   reason=f"{r.reason}; {UNDECIDED}: {why}")
 
 
 def judge_fact(claim: Claim, values: Values) -> ClaimResult:
@@ -381,21 +534,47 @@ def judge_fact(claim: Claim, values: Values) -> ClaimResult:
 
 
 def judge_all(claims: Iterable[Claim],
-              tracks: Mapping[str, Mapping[str, Mapping[Any, Mapping[str, float]]]]
-              ) -> list[ClaimResult]:
+              tracks: Mapping[str, Mapping[str, Mapping[Any, Mapping[str, float]]]],
+              alpha: float = ALPHA) -> list[ClaimResult]:
     """Judge each claim on its track's numbers (``tracks[track]`` = {algorithm: {seed: metrics}}),
-    with the Holm correction over the tested claims of each paper; facts by :func:`judge_fact`."""
-    results = [judge(c, metric_values(tracks.get(c.track, {}), c.metric)) for c in claims]
-    by_paper: dict[str, list[int]] = {}
+    with the Holm correction over the tested claims of each paper's family (``paper`` and
+    ``ordering`` apart) at level ``alpha``; facts by :func:`judge_fact`."""
+    results = [judge(c, metric_values(tracks.get(c.track, {}), c.metric), alpha) for c in claims]
+    families: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(results):
         if r.p is not None:
-            by_paper.setdefault(r.claim.paper, []).append(i)
-    for idx in by_paper.values():
+            families.setdefault((r.claim.paper, r.claim.family), []).append(i)
+    for idx in families.values():
         p = np.array([results[i].p for i in idx])
         po = np.array([results[i].p_opposite for i in idx])
         for i, a, b in zip(idx, holm(p), holm(po), strict=True):
-            results[i] = _decide(results[i], len(idx), float(a), float(b))
+            results[i] = _decide(results[i], len(idx), float(a), float(b), alpha)
     return results
+
+
+def study_verdicts(study: StudyConfig,
+                   tracks: Mapping[str, Mapping[str, Mapping[Any, Mapping[str, float]]]],
+                   alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """The verdicts of a study's claims on its per-replicate metrics, one record per claim (facts
+    left out): ``tracks`` = {"diffusion" | "classification": {algorithm: {seed: {metric: value}}}},
+    the report's input (``federate_ddpm`` metrics and ``data/evaluate/seeds.json``). Each record has
+    ``key``, ``paper``, ``family`` (``paper`` / ``ordering``), ``claim``, ``mean`` (the difference
+    in the claimed direction), ``se``, ``n``, ``df``, ``status`` (held / contradicted / not shown /
+    not judged / not evaluated), ``resolution`` (not shown: "smaller than the paper's" / "undecided"),
+    ``p``, ``p_holm``, ``p_opposite_holm``, ``family_size``, ``paper_effect``, ``upper_bound`` and
+    ``n_for_power``. ``alpha``: the level of each family (a sequential design passes its spent
+    level per look). The API a caller outside the report uses (e.g. a sequential design)."""
+    out = []
+    for r in judge_all(all_claims(study), tracks, alpha):
+        if r.claim.fact:
+            continue
+        out.append({"key": r.claim.key, "paper": r.claim.paper, "family": r.claim.family,
+                    "claim": r.claim.text, "mean": r.mean_diff, "se": r.se, "n": r.n, "df": r.df,
+                    "status": r.status, "resolution": r.resolution, "p": r.p, "p_holm": r.p_holm,
+                    "p_opposite_holm": r.p_opposite_holm, "family_size": r.family_size,
+                    "paper_effect": r.paper_effect, "upper_bound": r.upper_bound,
+                    "n_for_power": r.n_for_power})
+    return out
 
 
 def metric_values(per_seed: Mapping[str, Mapping[Any, Mapping[str, float]]], metric: str
@@ -485,55 +664,107 @@ def claims_json(results: Iterable[ClaimResult]) -> list[dict[str, Any]]:
             "mean_diff": _clean(r.mean_diff), "se": _clean(r.se), "n": r.n, "test": r.test,
             "df": _clean(r.df), "ci95": None if ci is None else [ci[0], ci[1]],
             "p": _clean(r.p), "p_holm": _clean(r.p_holm), "p_opposite": _clean(r.p_opposite),
-            "p_opposite_holm": _clean(r.p_opposite_holm), "family": r.family,
+            "p_opposite_holm": _clean(r.p_opposite_holm), "family": c.family,
+            "family_size": r.family_size,
             "key": c.key, "track": c.track, "metric": c.metric, "method": c.method,
             "baseline": c.baseline, "direction": c.direction, "tolerance": c.tolerance,
-            "threshold": _clean(r.threshold), "source": c.source, "reason": r.reason,
+            "threshold": _clean(r.threshold), "source": c.source, "quote": c.quote,
+            "paper_effect": None if c.paper_values is None else {
+                "value": _clean(r.paper_effect), "paper_method": c.paper_values[0],
+                "paper_baseline": c.paper_values[1], "units": c.paper_units, "source": c.source},
+            "upper_bound": _clean(r.upper_bound), "resolution": r.resolution,
+            "n_for_power": r.n_for_power, "reason": r.reason,
         })
     return out
 
 
-def _status(r: ClaimResult | Mapping[str, Any]) -> tuple[str, str, bool]:
-    """(paper, status, is a fact) of a result or a claims.json record."""
+def resolution_text(resolution: str | None, bound: float | None, effect: float | None,
+                    n: int | None) -> str:
+    """The words of a not-shown claim's resolution: "smaller than the paper's (upper bound ... <
+    paper's ...)" or "undecided: about n replicates for 80% power at the observed effect"."""
+    if resolution == RULED_OUT and bound is not None and effect is not None:
+        return f"{RULED_OUT} (upper bound {bound:+.4g} < paper's {effect:+.4g})"
+    if resolution == UNDECIDED:
+        return (f"{UNDECIDED}: about {n} replicates for {POWER:.0%} power at the observed effect"
+                if n is not None else f"{UNDECIDED}: the observed effect points the other way")
+    return resolution or ""
+
+
+def family_of(r: ClaimResult | Mapping[str, Any]) -> str:
+    """``paper`` or ``ordering`` of a result or a claims.json record (older records: ``paper``)."""
     if isinstance(r, ClaimResult):
-        return r.claim.paper, r.status, r.claim.fact
-    return r["paper"], r["status"], bool(r.get("fact"))
+        return r.claim.family
+    fam = r.get("family")
+    return fam if fam in FAMILIES else "paper"
+
+
+def family_label(paper: str, family: str) -> str:
+    """How a family is named in the report, claims.md, claims.json and the CLI: the paper's name for
+    its own claims, ``"<paper> · orderings ..."`` for the second family."""
+    return paper if family == "paper" else f"{paper} · {FAMILY_LABELS['ordering']}"
+
+
+def _status(r: ClaimResult | Mapping[str, Any]) -> tuple[str, str, bool, str | None]:
+    """(paper, status, is a fact, resolution) of a result or a claims.json record."""
+    if isinstance(r, ClaimResult):
+        return r.claim.paper, r.status, r.claim.fact, r.resolution
+    return r["paper"], r["status"], bool(r.get("fact")), r.get("resolution")
 
 
 def summary(results: Iterable[ClaimResult | Mapping[str, Any]]) -> dict[str, int]:
-    """Counts per status over the claims (facts are counted apart, as ``facts``)."""
+    """Counts per status over the claims (facts are counted apart, as ``facts``); the not-shown
+    claims split into ``smaller_than_paper`` and ``undecided`` (their sum is less than ``not_shown``
+    by the claims with no test, SE = 0)."""
     rows = [_status(r) for r in results]
-    claims = [st for _, st, fact in rows if not fact]
-    counts = {s.replace(" ", "_"): claims.count(s) for s in STATUSES}
-    return {"claims": len(claims), **counts, "facts": sum(fact for *_, fact in rows)}
+    claims = [(st, res) for _, st, fact, res in rows if not fact]
+    statuses = [st for st, _ in claims]
+    counts = {s.replace(" ", "_"): statuses.count(s) for s in STATUSES}
+    return {"claims": len(claims), **counts,
+            "smaller_than_paper": sum(res == RULED_OUT for _, res in claims),
+            "undecided": sum(res == UNDECIDED for _, res in claims),
+            "facts": sum(fact for _, _, fact, _ in rows)}
+
+
+def _by_family(results: Iterable[Any]) -> dict[str, list[Any]]:
+    """{family label: its results or records}, papers in order, each paper's own claims first."""
+    items = list(results)
+    order: list[tuple[str, str]] = []
+    for r in items:
+        key = (_status(r)[0], family_of(r))
+        if key not in order:
+            order.append(key)
+    papers = list(dict.fromkeys(p for p, _ in order))
+    order.sort(key=lambda k: (papers.index(k[0]), FAMILIES.index(k[1])))
+    return {family_label(*k): [r for r in items if (_status(r)[0], family_of(r)) == k]
+            for k in order}
+
+
+def summary_line(c: Mapping[str, int]) -> str:
+    """ "k of n held, m contradicted, j not shown (a smaller than the paper's, b undecided)[, ...]"."""
+    line = f"{c['held']} of {c['claims']} held, {c['contradicted']} contradicted, {c['not_shown']} not shown"
+    if c["not_shown"]:
+        line += f" ({c.get('smaller_than_paper', 0)} {RULED_OUT}, {c.get('undecided', 0)} {UNDECIDED})"
+    line += "".join(f", {c[k]} {k.replace('_', ' ')}" for k in ("not_judged", "not_evaluated")
+                    if c[k])
+    return line + (f"; {c['facts']} fact(s) apart" if c["facts"] else "")
 
 
 def paper_summaries(results: Iterable[ClaimResult | Mapping[str, Any]]) -> dict[str, str]:
-    """{paper: "k of n held, m contradicted, j not shown[, ...]"} in the order of the papers."""
-    by: dict[str, list[ClaimResult | Mapping[str, Any]]] = {}
-    for r in results:
-        by.setdefault(_status(r)[0], []).append(r)
-    out = {}
-    for paper, rs in by.items():
-        c = summary(rs)
-        line = (f"{c['held']} of {c['claims']} held, {c['contradicted']} contradicted, "
-                f"{c['not_shown']} not shown")
-        line += "".join(f", {c[k]} {k.replace('_', ' ')}" for k in ("not_judged", "not_evaluated")
-                        if c[k])
-        out[paper] = line + (f"; {c['facts']} fact(s) apart" if c["facts"] else "")
-    return out
+    """{family label: "k of n held, m contradicted, j not shown (...)[, ...]"}: per paper its own
+    claims (labelled with the paper's name), then its orderings (:func:`family_label`)."""
+    return {label: summary_line(summary(rs)) for label, rs in _by_family(results).items()}
 
 
 def min_detectable_lines(results: Sequence[ClaimResult]) -> list[str]:
-    """What can hold at this study's replicate counts: per paper with judged claims, the smallest
+    """What can hold at this study's replicate counts: per family with judged claims, the smallest
     mean / SE that holds (paired test) as the first Holm step (level alpha / k) and alone."""
     lines = []
-    for paper, rs in _by_paper(results).items():
+    for label, rs in _by_family(results).items():
         tested = [r for r in rs if r.p is not None]
         if not tested:
             continue
         n, k = min(r.n for r in tested), len(tested)
-        line = (f"{paper}: {k} judged claim(s) over {n} replicates: a claim holds only when "
+        line = (f"{label}: {k} judged claim(s) over {n} replicates: a claim holds only when "
                 f"mean(d) / SE ≥ {min_detectable_t(n, k):.2f}")
         line += (f" (level {ALPHA})" if k == 1 else
                  f" (first Holm step, level {ALPHA}/{k}) down to {min_detectable_t(n):.2f} (level "
@@ -550,13 +781,15 @@ def _by_paper(results: Iterable[ClaimResult]) -> dict[str, list[ClaimResult]]:
 
 
 def claims_metrics(results: Iterable[ClaimResult]) -> dict[str, Any]:
-    """The content of ``claims.json``: ``summary``, ``papers`` (the summary per paper), ``held`` {claim
-    key: bool}, ``facts`` {fact key: bool}, ``claims`` and ``fact_records`` (the lists)."""
+    """The content of ``claims.json``: ``summary``, ``papers`` (the summary per paper, both
+    families), ``families`` (the summary per family label), ``held`` {claim key: bool}, ``facts``
+    {fact key: bool}, ``claims`` and ``fact_records`` (the lists)."""
     results = list(results)
     claims = [r for r in results if not r.claim.fact]
     facts = [r for r in results if r.claim.fact]
     return {"summary": summary(results),
             "papers": {paper: summary(rs) for paper, rs in _by_paper(results).items()},
+            "families": {label: summary(rs) for label, rs in _by_family(results).items()},
             "held": {r.claim.key: r.held for r in claims},
             "facts": {r.claim.key: r.held for r in facts},
             "claims": claims_json(claims), "fact_records": claims_json(facts)}

@@ -3,7 +3,9 @@ or of DVC experiments by name: ``python -m fedpipe.claims --exp <name> ...`` (th
 as that experiment committed it; ``make smoke`` names each after its study). Per paper its summary
 line ("k of n held, m contradicted, j not shown"), then one line per claim: verdict, claim, the mean
 difference with its 95% t-interval, the Holm-adjusted p-value and each arm's per-replicate values; the
-facts after."""
+facts after. ``--markdown <claims.json>...`` prints the per-family tables of docs/results.md, and
+``[--collect <study>...] [--update-docs docs/results.md]`` regenerates them there
+(:mod:`fedpipe.claims.docs`; ``make claims-docs``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from fedpipe.claims import paper_summaries, summary
+from fedpipe.claims import _by_family, paper_summaries, resolution_text, summary
 from fedpipe.io import read_json
 
 
@@ -29,6 +31,10 @@ def describe(record: dict) -> str:
             diff += f" [{lo:+.4g}, {hi:+.4g}]"
     if record.get("p_holm") is not None:
         diff += f"  p(Holm) {record['p_holm']:.3g}"
+    if record.get("resolution"):
+        effect = (record.get("paper_effect") or {}).get("value")
+        diff += "  " + resolution_text(record["resolution"], record.get("upper_bound"), effect,
+                                       record.get("n_for_power"))
     return f"  [{record['status'].upper():13s}] {record['claim']}{diff}  ({_arms(record)})"
 
 
@@ -53,7 +59,55 @@ def _load(source: str, exp: bool) -> dict | None:
         return None
 
 
+def generate(argv: list[str]) -> int:
+    """``--markdown FILE...``: print each claims.json's tables; ``[--collect STUDY...]
+    [--update-docs MD]``: copy each study's claims.json from its DVC experiment to docs/runs/, then
+    regenerate the claims blocks of MD (fedpipe.claims.docs)."""
+    from fedpipe.claims import docs
+    from fedpipe.io import write_json
+
+    if argv[0] == "--markdown":
+        for source in argv[1:]:
+            doc = _load(source, False)
+            if doc is None:
+                print(f"error: no claims in {source}", file=sys.stderr)
+                return 2
+            print("\n".join(docs.markdown(doc)))
+        return 0
+    studies, target, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == "--collect":
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                studies.append(argv[i])
+                i += 1
+        elif argv[i] == "--update-docs" and i + 1 < len(argv):
+            target, i = Path(argv[i + 1]), i + 2
+        else:
+            print(f"error: unknown argument {argv[i]!r} (--collect STUDY... --update-docs MD)",
+                  file=sys.stderr)
+            return 2
+    for study in studies:
+        doc = _load(study, True)
+        if doc is None:
+            print(f"{study}: no experiment of that name with a claims.json; kept what is on disk")
+            continue
+        write_json(docs.RUNS_DIR / f"{study}.claims.json", doc)
+        print(f"{study}: claims.json -> {docs.RUNS_DIR / f'{study}.claims.json'}")
+    if target is not None:
+        if not target.is_file():
+            print(f"error: {target}: no such file", file=sys.stderr)
+            return 2
+        text, needed = docs.update(target)
+        target.write_text(text)
+        print(f"{target}: claims blocks regenerated" + (
+            f"; no claims.json (re-run needed): {', '.join(needed)}" if needed else ""))
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("--markdown", "--collect", "--update-docs"):
+        return generate(argv)
     exp = bool(argv) and argv[0] == "--exp"
     sources = argv[1:] if exp else argv
     if exp and not sources:
@@ -74,11 +128,10 @@ def main(argv: list[str]) -> int:
         if doc.get("stand_in"):  # the report's note: these numbers judge nothing
             print(f" {doc['stand_in']}")
         lines = paper_summaries(claims)
-        for paper, line in lines.items():
-            print(f" {paper}: {line}")
-            for record in claims:
-                if record["paper"] == paper:
-                    print(describe(record))
+        for label, records in _by_family(claims).items():
+            print(f" {label}: {lines[label]}")
+            for record in records:
+                print(describe(record))
         for record in facts:
             print(describe_fact(record))
     return 0

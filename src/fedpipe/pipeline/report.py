@@ -45,6 +45,9 @@ from typing import Any
 import numpy as np
 
 from fedpipe.claims import (
+    FAMILIES,
+    FAMILY_LABELS,
+    RESOLUTION_RULE,
     RULE,
     ClaimResult,
     all_claims,
@@ -55,6 +58,7 @@ from fedpipe.claims import (
     min_detectable_lines,
     paper_summaries,
     report_sections,
+    resolution_text,
     study_papers,
     summary,
 )
@@ -229,6 +233,8 @@ def _difference(r: ClaimResult) -> str:
     if r.threshold is not None:
         sign = "−" if r.claim.direction == "at_least" else "±"
         out += f"; margin {sign}{r.threshold:.4g}"
+    if r.paper_effect is not None:
+        out += f"; paper's effect {r.paper_effect:+.4g}"
     return out
 
 
@@ -243,7 +249,8 @@ def _verdict(r: ClaimResult) -> str:
         return f"**{r.status}**"
     if r.status in ("not judged", "not evaluated", "not shown") and r.p is None and r.reason:
         return f"{r.status} ({r.reason})"
-    return r.status
+    return f"{r.status}: {resolution_text(r.resolution, r.upper_bound, r.paper_effect, r.n_for_power)}" \
+        if r.resolution else r.status
 
 
 def claims_table(results: list[ClaimResult], papers: list[str] | None = None) -> list[str]:
@@ -261,15 +268,22 @@ def claims_table(results: list[ClaimResult], papers: list[str] | None = None) ->
     lines += [f"- **{paper}**: {line}" for paper, line in paper_summaries(results).items()]
     lines += ["", "Ours: mean [95% t-interval over replicates] (each replicate's value, s<seed>). "
               "Difference: in the claimed direction (positive = the claimed way), with its 95% "
-              "t-interval. p: one-sided (match claims: TOST), Holm-adjusted over the paper's judged "
-              "claims.", "",
-              "| paper | claim | paper's numbers | method, ours | baseline, ours | difference | p | "
-              "verdict |", "|---|---|---|---|---|---|---|---|"]
-    for r in claims:
-        c = r.claim
-        lines.append(f"| {c.paper} | {c.text} | {c.source} | {c.method}: {_ours(r.method_values)} | "
-                     f"{c.baseline}: {_ours(r.baseline_values)} | {_difference(r)} | {_p(r)} | "
-                     f"{_verdict(r)} |")
+              "t-interval, and the paper's effect in our units. p: one-sided (match claims: TOST), "
+              f"Holm-adjusted within its family. {RESOLUTION_RULE}", ""]
+    for fam in FAMILIES:
+        rows = [r for r in claims if r.claim.family == fam]
+        if not rows:
+            continue
+        lines += [f"**{FAMILY_LABELS[fam][0].upper() + FAMILY_LABELS[fam][1:]}** (Holm-corrected "
+                  "apart from the other family):", "",
+                  "| paper | claim | the paper says | paper's numbers | method, ours | baseline, ours | "
+                  "difference | p | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            c = r.claim
+            lines.append(f"| {c.paper} | {c.text} | {c.quote} | {c.source} | {c.method}: "
+                         f"{_ours(r.method_values)} | {c.baseline}: {_ours(r.baseline_values)} | "
+                         f"{_difference(r)} | {_p(r)} | {_verdict(r)} |")
+        lines.append("")
     if facts:
         lines += ["", "Facts (deterministic properties: the same on every replicate; reported, never "
                   "counted as held claims; true = the relation holds on every replicate):", "",
