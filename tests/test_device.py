@@ -17,6 +17,7 @@ from fedpipe.config import ConfigError
 from fedpipe.config.device import device_config
 from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
+from fedpipe.data.skew import epoch_order
 from fedpipe.fl.engine import groups_to
 from fedpipe.fl.local import local_train, make_optimizer
 from fedpipe.models.unet import build_unet
@@ -241,13 +242,18 @@ def test_diffusion_noise_is_drawn_from_the_device_generator(elsewhere):
     assert torch.equal(eps, torch.randn(x.shape, generator=ref))
 
 
-def test_batch_order_and_sampling_draw_on_the_data_and_model_device(elsewhere):
+def test_batch_order_from_the_callers_stream_and_sampling_on_the_model_device(elsewhere):
+    """An epoch's order is drawn from the caller's own (host) stream, never its device stream
+    (fedpipe.data.skew.epoch_order: a CUDA randperm costs far more host time than the copy), and
+    lands on the data's device; sampling noise is drawn on the model's device."""
     data = ClientData(torch.rand(5, 1, 8, 8), torch.zeros(5, dtype=torch.long))
-    gen = torch_generator(0, "client-update", 0, 0)
-    list(data.batches(2, gen))
-    ref = torch.Generator().manual_seed(torch_seed(gen.initial_seed(), "device-stream"))
+    list(data.batches(2, torch_generator(0, "client-update", 0, 0)))
+    assert elsewhere == []  # no device stream for the order
+    ref = torch_generator(0, "client-update", 0, 0)
     first = next(data.batches(5, torch_generator(0, "client-update", 0, 0)))[0]
     assert torch.equal(first, data.x[torch.randperm(5, generator=ref)])
+    meta = epoch_order(5, torch_generator(0, "client-update", 0, 0), torch.device("meta"))
+    assert meta.device.type == "meta" and meta.shape == (5,)
     calls = len(elsewhere)
     model = _unet()
     DiffusionTask(num_train_timesteps=4).sample(model, 2, sampler="ddim", steps=2,

@@ -11,9 +11,11 @@ On the CPU nothing here changes a computation: no autocast, no fused optimizer, 
 CPU generators of the RNG streams are used as they are, so CPU results are bit for bit those of a
 run without this module. On CUDA the inner loops avoid host work:
 
-- random draws (diffusion timesteps and noise, sampling noise, feature-skew noise, batch order)
-  come from a ``torch.Generator`` on the device (:func:`generator_on`), seeded from the caller's
-  stream; nothing is drawn on the host and copied over per step;
+- random draws (diffusion timesteps and noise, sampling noise, feature-skew noise) come from a
+  ``torch.Generator`` on the device (:func:`generator_on`), seeded from the caller's stream;
+  nothing is drawn on the host and copied over per step. An epoch's batch order is the exception:
+  drawn on the host from the caller's stream and copied once per epoch
+  (:func:`fedpipe.data.skew.epoch_order`: a CUDA ``randperm`` costs far more host time);
 - client data lives on the device (``ClientData.to``), so batches are indexed there;
 - Adam / AdamW / SGD run fused (:func:`optimizer_options`);
 - forward passes run under bf16 autocast (:func:`autocast`), the loss in float32;

@@ -39,6 +39,16 @@ def apply_feature_skew(x: torch.Tensor, kind: str, value: float,
     raise ValueError(f"unknown feature skew {kind!r}")
 
 
+def epoch_order(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """One epoch's shuffle of ``n`` samples, drawn from ``generator`` itself (on its own device:
+    the CPU for the project's streams) and moved to ``device`` once per epoch. On the CPU this is
+    the draw it always was. On CUDA it replaces a ``randperm`` on the derived device generator: a
+    CUDA ``randperm`` launches a radix sort and cost about 85 us of host time per call on an H200,
+    the largest item of a batched round of 100 clients (docs/device.md, "On a GPU"), where the host
+    draw of a client's few hundred indices costs a few us plus one small copy."""
+    return torch.randperm(n, generator=generator, device=generator.device).to(device)
+
+
 @dataclass(frozen=True)
 class ClientData:
     """One client's local data (train or local test) as in-memory tensors plus its feature skew."""
@@ -61,14 +71,12 @@ class ClientData:
 
     def batches(self, batch_size: int, generator: torch.Generator, shuffle: bool = True
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of batches (shuffled with ``generator``; last batch may be smaller). The order
-        is drawn on the data's device (from ``generator`` on the CPU, else from its derived
-        generator there: :func:`fedpipe.device.generator_on`), so batches never cross devices."""
+        """One epoch of batches (shuffled with ``generator``; last batch may be smaller): the order
+        is :func:`epoch_order`, on the data's device, so batches never cross devices."""
         n = len(self)
         device = self.x.device
         if shuffle:
-            g = generator_on(generator, device)
-            order = torch.randperm(n, generator=g, device=device)
+            order = epoch_order(n, generator, device)
         else:
             order = torch.arange(n, device=device)
         for start in range(0, n, batch_size):

@@ -68,7 +68,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedpipe.device import autocast, generator_on
+from fedpipe.data.skew import epoch_order
+from fedpipe.device import autocast
 from fedpipe.fl.executors import SerialExecutor
 from fedpipe.fl.local import iterate_batches, trainable_parameters
 from fedpipe.fl.state import Weights, repeated_names
@@ -322,8 +323,9 @@ class _Gather:
     """Every active client's batch of a step as ONE gather from the round's clients' data, laid end
     to end on the device (classification, clients without feature skew: the only draws are each
     epoch's shuffle). Each client's epoch orders are drawn up front, from its own stream, in the
-    order :func:`~fedpipe.fl.local.iterate_batches` draws them (one ``randperm`` per epoch on the
-    data's device, nothing drawn between them), so its batches are the serial executor's; the
+    order :func:`~fedpipe.fl.local.iterate_batches` draws them (one
+    :func:`~fedpipe.data.skew.epoch_order` per epoch, nothing drawn between them), so its batches
+    are the serial executor's; the
     batch of client j at step s is rows ``[t b, min((t+1) b, n_j))`` of its epoch ``s // nb_j``'s
     order (``t = s mod nb_j``, ``nb_j = ceil(n_j / b)``), padded to the widest batch with a zero
     sample of mask 0. The per-client Python work and the per-client index, stack and pad kernels of
@@ -348,13 +350,11 @@ class _Gather:
         host = torch.device("cpu")  # the positions are built on the host, then copied once
         pos = torch.full((s_max, k, width), -1, dtype=torch.long, device=host)  # in `seq`
         seqs, seq_off, row_off = [], 0, 0
-        for j, (d, n, st, gen) in enumerate(zip(datas, sizes, steps, gens, strict=True)):
+        for j, (n, st, gen) in enumerate(zip(sizes, steps, gens, strict=True)):
             if st:
                 nb = math.ceil(n / b)
-                g = generator_on(gen, d.x.device)
-                perms = [torch.randperm(n, generator=g, device=d.x.device)
-                         for _ in range(math.ceil(st / nb))]
-                seqs.append(torch.cat(perms).to(device) + row_off)
+                perms = [epoch_order(n, gen, host) for _ in range(math.ceil(st / nb))]
+                seqs.append(torch.cat(perms) + row_off)
                 s = torch.arange(st, device=host)
                 first = (s % nb) * b  # the batch's first position within its epoch
                 r = torch.arange(width, device=host)
@@ -362,11 +362,10 @@ class _Gather:
                 pos[:st, j] = torch.where(first.unsqueeze(1) + r < n, p + seq_off, -1)
                 seq_off += len(perms) * n
             row_off += n
-        pad_row = torch.full((1,), row_off, dtype=torch.long, device=device)
+        pad_row = torch.full((1,), row_off, dtype=torch.long, device=host)
         seq = torch.cat([*seqs, pad_row])
-        pos = pos.to(device)
-        self.mask = (pos >= 0).to(torch.float32)
-        self.rows = seq[torch.where(pos >= 0, pos, len(seq) - 1)]  # (s_max, k, width) rows of x
+        rows = seq[torch.where(pos >= 0, pos, len(seq) - 1)]  # (s_max, k, width) rows of x
+        self.rows, self.mask = rows.to(device), (pos >= 0).to(device, torch.float32)  # one copy each
 
     def step(self, s: int, a: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         rows = self.rows[s, :a]
