@@ -135,7 +135,7 @@ def _crossings(fractions: Sequence[float], z: Sequence[float], drift: float = 0.
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def z_boundaries(fractions: tuple[float, ...], level: float) -> tuple[float, ...]:
     """The upper z boundaries ``c_j`` of a one-sided group-sequential test at ``level`` with looks at
     ``fractions`` (increasing, the last 1), O'Brien-Fleming-type spending: ``c_j`` solves
@@ -151,7 +151,7 @@ def z_boundaries(fractions: tuple[float, ...], level: float) -> tuple[float, ...
             c = float(stats.norm.isf(step))
         else:
             r = region
-            c = float(optimize.brentq(lambda c, r=r, t=t: r.cross(t, c * math.sqrt(t), 0.0) - step,
+            c = float(optimize.brentq(lambda c, r=r, t=t, a=step: r.cross(t, c * math.sqrt(t), 0.0) - a,
                                       float(stats.norm.isf(step)) - 3.0, 40.0, xtol=1e-9))
         out.append(c)
         b = c * math.sqrt(t)
@@ -164,7 +164,7 @@ CALIBRATION_SEED = 42
 CALIBRATION_LEVELS = np.geomspace(1e-4, 0.08, 41)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def calibration(looks: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(levels, upper size): for each spending level of :data:`CALIBRATION_LEVELS`, the probability
     that a paired t test on normal differences with no effect crosses the level's boundaries at some
@@ -291,9 +291,9 @@ def verdict_codes(held_at: np.ndarray, contra_at: np.ndarray) -> np.ndarray:
 def power(effect: float, design: Design, level: float | None = None) -> float:
     """Probability that a claim whose true mean difference is ``effect`` standard deviations of one
     replicate's difference crosses a boundary at some look, tested alone at ``level`` (default
-    alpha; the first Holm step of k claims: alpha / k), for a z statistic (known SD): the
-    recursive integration with the statistic's mean ``effect sqrt(n_j)`` at look j. The t tests of the real procedure lose a
-    little against it at small n (docs/claims.md gives both)."""
+    alpha; the first Holm step of k claims: alpha / k), for a z statistic (known SD), by the
+    recursive integration with the statistic's mean ``effect sqrt(n_j)`` at look j. The t tests of
+    the real procedure lose against it at small n (docs/claims.md gives both)."""
     level = design.alpha if level is None else level
     drift = effect * math.sqrt(design.looks[-1])
     return float(sum(_crossings(design.fractions, list(design.z(level)), drift)))
@@ -580,19 +580,21 @@ def run(argv: Sequence[str], root: Path | None = None) -> int:
         rows = rows_from_claims(doc)
         history.append(rows)
         verdicts = decide(history, design)
+        done = all_decided(rows, verdicts)
+        final = done or j == len(design.looks) - 1
+        if final:  # what is still open at the last look is not shown
+            for v in verdicts.values():
+                if v["status"] == "open":
+                    v["status"] = "not shown"
         print(look_table(rows, verdicts, n))
         record["looks"].append({"n": n, "seeds": seeds, "seconds": round(seconds, 1),
                                 "stages_run": ran, "threads": env_note,
                                 "claims": [{**_row_json(r), **verdicts[r.key]} for r in rows]})
         record["verdicts"] = verdicts
-        done = all_decided(rows, verdicts)
-        if done or j == len(design.looks) - 1:
+        record["seconds"] = round(time.monotonic() - t_start, 1)
+        if final:
             record["stopped"] = ("every claim of the papers decided" if done
                                  else "maximum replicates reached")
-            for v in verdicts.values():
-                if v["status"] == "open":
-                    v["status"] = "not shown"
-            record["seconds"] = round(time.monotonic() - t_start, 1)
             _write(out, record)
             counts = {s: sum(v["status"] == s for v in verdicts.values())
                       for s in ("held", "contradicted", "not shown", "not evaluated")}
