@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast test-presets lint bench params clean-venv smoke ui exps estimate
+.PHONY: run test test-fast test-presets lint bench params clean-venv smoke ui exps estimate sequential
 
 # Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run` named after its study, queued
 # and run SMOKE_JOBS at a time (one per core, one torch thread each unless FEDPIPE_THREADS says
@@ -36,6 +36,17 @@ smoke: $(STAMP)
 	  echo "== study=$$s"; \
 	  python -m fedpipe.claims --exp $$s || rc=1; \
 	done; exit $$rc
+
+# Sequential mode (docs/claims.md): one study's replicates added in steps until its papers' claims are
+# held or contradicted, each look a `dvc exp run` of the first n replicates (only the new ones run).
+# make sequential STUDY=fedddpm_smoke MIN=5 MAX=14 STEP=3 [ARGS="-S fl.rounds=5 --json PATH"]
+# `make smoke` keeps its fixed replicate counts.
+MIN  ?= 5
+MAX  ?= 14
+STEP ?= 3
+sequential: $(STAMP)
+	@test -n "$(STUDY)" || { echo "usage: make sequential STUDY=<study> [MIN=5 MAX=14 STEP=3 ARGS=\"-S override ...\"]"; exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" FEDPIPE_THREADS="$${FEDPIPE_THREADS:-1}" $(BIN)/python -m fedpipe.sequential $(STUDY) --min $(MIN) --max $(MAX) --step $(STEP) $(ARGS)
 
 # Two test processes (one per core), a test file per process (module fixtures and order kept).
 test: $(STAMP)
