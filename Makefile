@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast test-presets lint bench params clean-venv smoke ui exps estimate claims-docs
+.PHONY: run test test-fast test-presets lint bench params clean-venv smoke ui exps estimate claims-docs sequential
 
 # Every paper's smoke study (conf/study/*_smoke.yaml), each a `dvc exp run` named after its study, queued
 # and run SMOKE_JOBS at a time (one per core, one torch thread each unless FEDPIPE_THREADS says
@@ -43,6 +43,17 @@ smoke: $(STAMP)
 CLAIMS_STUDIES := $(SMOKE_STUDIES) equitable_mnist5k
 claims-docs: $(STAMP)
 	$(BIN)/python -m fedpipe.claims --collect $(CLAIMS_STUDIES) --update-docs docs/results.md
+
+# Sequential mode (docs/claims.md): one study's replicates added in steps until its papers' claims are
+# held or contradicted, each look a `dvc exp run` of the first n replicates (only the new ones run).
+# make sequential STUDY=fedddpm_smoke MIN=5 MAX=14 STEP=3 [ARGS="-S fl.rounds=5 --json PATH"]
+# `make smoke` keeps its fixed replicate counts.
+MIN  ?= 5
+MAX  ?= 14
+STEP ?= 3
+sequential: $(STAMP)
+	@test -n "$(STUDY)" || { echo "usage: make sequential STUDY=<study> [MIN=5 MAX=14 STEP=3 ARGS=\"-S override ...\"]"; exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" FEDPIPE_THREADS="$${FEDPIPE_THREADS:-1}" $(BIN)/python -m fedpipe.sequential $(STUDY) --min $(MIN) --max $(MAX) --step $(STEP) $(ARGS)
 
 # Two test processes (one per core), a test file per process (module fixtures and order kept).
 test: $(STAMP)
