@@ -78,6 +78,7 @@ def tiny_partition(tmp_path) -> tuple[Path, dict]:
     ("warmup", {"epochs": 0}, "warmup.epochs=0"),
     ("warmup", {"optimizer": "lbfgs"}, "warmup.optimizer='lbfgs'"),
     ("warmup", {"epcohs": 3}, "warmup.epcohs=3"),
+    ("warmup", {"steps": 0}, "warmup.steps=0"),
     ("generate", {"sampler": "euler"}, "generate.sampler='euler'"),
     ("generate", {"ratio": 0}, "generate.ratio=0"),
     ("fid", {"extractor": "clip"}, "fid.extractor='clip'"),
@@ -209,6 +210,33 @@ def test_warmup_ema_weights_differ_from_raw(tiny_partition, tmp_path):
     a = load_tensors(client_path(tmp_path / "raw" / "models", 0))
     b = load_tensors(client_path(tmp_path / "ema" / "models", 0))
     assert any(not torch.equal(a[k], b[k]) for k in a if a[k].is_floating_point())
+
+
+def test_warmup_step_cap(tiny_partition, tmp_path):
+    """``warmup.steps`` stops each client at min(steps, its full steps), on the uncapped run's own
+    draws: two epochs capped at one epoch's steps are the one-epoch run bit for bit (weights and
+    losses); a cap above every client's full count changes nothing; a cap inside an epoch reports
+    that epoch's part."""
+    part_path, params = tiny_partition
+    sizes = Partition.load(part_path).sizes()
+    per_epoch = [-(-int(m) // 64) for m in sizes]  # batch 64 (TINY)
+    assert len(set(per_epoch)) == 1, per_epoch  # the iid clients: one epoch is one step count
+
+    def run(name: str, **warm) -> tuple:
+        res = warmup(diffusion_stage_config(tiny_params(warmup=warm), "warmup"), tmp_path / name,
+                     part_path, progress=False)
+        w = [load_tensors(client_path(tmp_path / name / "models", c)) for c in range(len(sizes))]
+        return res.losses, w
+
+    def same(a, b) -> bool:
+        return a[0] == b[0] and all(torch.equal(x[k], y[k]) for x, y in zip(a[1], b[1], strict=True)
+                                    for k in x)
+
+    one_epoch = run("one", epochs=1)
+    assert same(run("cap", epochs=2, steps=per_epoch[0]), one_epoch)
+    assert same(run("big", epochs=1, steps=10**6), one_epoch)
+    assert not same(run("cut", epochs=2, steps=1), one_epoch)
+    assert all(len(v) == 1 for v in run("cut2", epochs=2, steps=1)[0].values())
 
 
 # -- generate + FID ---------------------------------------------------------------------------------

@@ -69,9 +69,15 @@ class WarmupConfig:
     lr: float = 2e-4
     weight_decay: float = 0.0
     grad_clip: float | None = None
+    steps: int | None = None
+    """A cap on each client's warm-up steps (null: ``epochs`` whole). Not the paper's: for cost
+    estimates (``fedpipe.estimate``'s slice) and quick trials; a client stops at
+    ``min(steps, epochs x ceil(m_i / batch_size))``."""
 
     def validate(self, p: str) -> None:
         check(self.epochs >= 1, f"{p}.epochs", self.epochs, "an integer >= 1")
+        if self.steps is not None:
+            check(self.steps >= 1, f"{p}.steps", self.steps, "null or an integer >= 1")
         check(self.batch_size >= 1, f"{p}.batch_size", self.batch_size, "an integer >= 1")
         one_of(f"{p}.optimizer", self.optimizer, OPTIMIZERS)
         check(self.lr > 0, f"{p}.lr", self.lr, "a number > 0")

@@ -84,9 +84,20 @@ class WarmupOutputs:
     inputs: dict[str, str]
 
 
-def local_config(cfg: WarmupConfig) -> LocalTrainConfig:
+def client_steps(cfg: WarmupConfig, samples: int) -> int:
+    """A client's warm-up steps: ``epochs x ceil(m / batch_size)``, at most ``steps`` when set."""
+    full = cfg.epochs * math.ceil(samples / cfg.batch_size)
+    return full if cfg.steps is None else min(full, cfg.steps)
+
+
+def local_config(cfg: WarmupConfig, samples: int | None = None) -> LocalTrainConfig:
+    """The warm-up as a local training run; a step cap (``warmup.steps``) needs the client's
+    ``samples`` (the cap never lengthens a client's warm-up)."""
+    capped = cfg.steps is not None and samples is not None and client_steps(cfg, samples) < (
+        cfg.epochs * math.ceil(samples / cfg.batch_size))
     return LocalTrainConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, optimizer=cfg.optimizer,
-                            lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
+                            lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                            steps=client_steps(cfg, samples) if capped else None)
 
 
 def diverged(client: int | None, epoch: int, what: str, cfg: WarmupConfig) -> DivergenceError:
@@ -131,8 +142,16 @@ def train_client_ddpm(model: torch.nn.Module, data: ClientData, task: DiffusionT
                 raise diverged(client, len(step_losses) // per_epoch, f"non-finite loss ({bad})",
                                cfg)
 
-    local_train(model, data, task, local_config(cfg), 0, gen, loss_fn=loss_fn, step_hook=step_hook)
-    epoch_losses = torch.stack(step_losses).double().view(cfg.epochs, per_epoch).mean(1).tolist()
+    local = local_config(cfg, len(data))
+    local_train(model, data, task, local, 0, gen, loss_fn=loss_fn, step_hook=step_hook)
+    losses = torch.stack(step_losses).double()
+    if local.steps is None:
+        epoch_losses = losses.view(cfg.epochs, per_epoch).mean(1).tolist()
+    else:  # capped (warmup.steps): whole epochs, then the part of the last one that ran
+        tail = losses[len(losses) - len(losses) % per_epoch:]
+        if not bool(torch.isfinite(tail).all()):
+            raise diverged(client, len(losses) // per_epoch + 1, "non-finite loss", cfg)
+        epoch_losses = [float(c.mean()) for c in losses.split(per_epoch)]
     with ema_weights(ema, model) if ema is not None else contextlib.nullcontext(model):
         weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     if not all_finite(weights):
@@ -213,7 +232,7 @@ def warmup(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
             stale.unlink()
     losses: dict[int, list[float]] = {}
     trained: list[int] = []
-    steps_per_client = [cfg.warmup.epochs * math.ceil(len(c) / cfg.warmup.batch_size) for c in clients]
+    steps_per_client = [client_steps(cfg.warmup, len(c)) for c in clients]
     bar = tqdm(total=sum(steps_per_client), desc="warm-up", unit="step", disable=not progress,
                mininterval=1.0)
     todo: list[int] = []
