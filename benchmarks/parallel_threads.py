@@ -17,6 +17,11 @@ For each arm it prints the steps per second of one client job and the total step
 machine (all jobs together). The last line is ``speedup X``: the machine's total warm-up steps per
 second of ``after`` over ``before``.
 
+Before the arms, a stage on a shared machine (``fedpipe.cli.DEFAULT_THREADS``): one job of the same
+steps, alone and beside a process that spins on one core (another user's job), at torch's own thread
+count (one per core: the stages' default before) and at one thread (their default now). It prints
+each one's time beside the spinner over its time alone: a stage should stay within about 2x.
+
     python benchmarks/parallel_threads.py [--steps 150] [--cores N]
 
 The jobs of all arms run in one pool of 2 x cores spawned processes (started before any arm; a
@@ -76,6 +81,25 @@ def _job(args: tuple) -> tuple[float, int]:
     return time.perf_counter() - t0, epochs * -(-n // batch)
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
+def contended(pool, ctx, threads: int, steps: int) -> tuple[float, float]:
+    """Seconds of one job at ``threads`` threads alone, and beside a process spinning on a core."""
+    alone = pool.apply(_job, ((steps, threads, 1),))[0]
+    spinner = ctx.Process(target=_spin, daemon=True)
+    spinner.start()
+    try:
+        time.sleep(0.2)
+        shared = pool.apply(_job, ((steps, threads, 1),))[0]
+    finally:
+        spinner.terminate()
+        spinner.join()
+    return alone, shared
+
+
 def run_arm(pool, jobs: int, threads: int, steps: int) -> tuple[float, float]:
     """``jobs`` processes of ``pool`` at once, ``threads`` torch threads each: (steps/s of one job,
     steps/s of all jobs together). A job blocks its process until all are ready, so the ``jobs``
@@ -103,9 +127,15 @@ def main() -> None:
 
         ctx = mp.get_context("fork")
         print("[quick] 2 steps per job, as on 1 core; worker processes forked, not spawned")
-    barriers = {jobs: ctx.Barrier(jobs) for jobs, _ in arms.values()}
+    barriers = {jobs: ctx.Barrier(jobs) for jobs in {1, *(jobs for jobs, _ in arms.values())}}
     total = {}
     with ctx.Pool(max(jobs for jobs, _ in arms.values()), _init_worker, (barriers,)) as pool:
+        torch_default = pool.apply(torch.get_num_threads)
+        for label, threads in ((f"torch's default ({torch_default} threads)", torch_default),
+                               ("one thread (the stages' default)", 1)):
+            alone, shared = contended(pool, ctx, threads, args.steps)
+            print(f"a stage at {label:35s} alone {alone:6.2f} s, beside a busy core {shared:6.2f} s:"
+                  f" x{shared / alone:.2f}", flush=True)
         for name, (jobs, threads) in arms.items():
             one, all_ = run_arm(pool, jobs, threads, args.steps)
             total[name.split()[0]] = all_

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,20 +64,82 @@ def stage_arguments(argv: list[str], *names: str) -> list[str]:
 
 
 THREADS_ENV = "FEDPIPE_THREADS"
+THREADS_AUTO = "auto"
+DEFAULT_THREADS = 1
+"""Torch threads per stage when ``FEDPIPE_THREADS`` is unset. One: a stage's results are then the same
+bits on any machine and under any load (a float sum splits differently over 2 threads than over
+1), and a stage never waits for a sibling thread that another process has pushed off its core (two
+threads on 2 cores with one core taken ran federated DDPM stages 16-20x slower: 591-772 s against
+31-38 s idle). Two threads on an idle 2-core machine gain about 10% (docs/results.md)."""
+TAKEN_SHARE = 0.25
+"""``FEDPIPE_THREADS=auto``: a core counts as taken once other processes use more than this share
+of it."""
+
+
+def auto_threads(cores: int, busy: float) -> int:
+    """``FEDPIPE_THREADS=auto``: one torch thread per core that other processes leave free, at least
+    one: ``cores`` usable by this process (its CPU affinity), ``busy`` the cores' worth of CPU time
+    other processes use (0.0 idle, 1.0 one core taken). A core is free unless others use more than
+    :data:`TAKEN_SHARE` of it."""
+    if cores < 1 or busy < 0:
+        raise ValueError(f"cores {cores} and busy {busy}: cores >= 1 and busy >= 0")
+    free = math.floor(cores - busy + TAKEN_SHARE)
+    return max(1, min(cores, free))
+
+
+def busy_cores(cpus: set[int] | None = None, seconds: float = 0.2) -> float:
+    """The cores' worth of CPU time that processes use on ``cpus`` (default: this process's
+    affinity) over ``seconds``, from two reads of /proc/stat (this process sleeps in between, so
+    it is not counted); the 1-minute load average where /proc/stat cannot be read."""
+    cpus = os.sched_getaffinity(0) if cpus is None else cpus
+
+    def ticks() -> dict[int, tuple[int, int]]:
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                    values = [int(v) for v in fields]
+                    out[int(name[3:])] = (sum(values), values[3] + values[4])  # all, idle + iowait
+        return out
+
+    try:
+        first = ticks()
+        time.sleep(seconds)
+        second = ticks()
+    except (OSError, ValueError, IndexError):
+        return min(float(len(cpus)), os.getloadavg()[0])
+    busy = 0.0
+    for cpu, (total, idle) in second.items():
+        if cpu in first and total > first[cpu][0]:
+            busy += 1 - (idle - first[cpu][1]) / (total - first[cpu][0])
+    return max(0.0, busy)
+
+
+def stage_threads(raw: str | None = None) -> int:
+    """The torch thread count of a stage: ``FEDPIPE_THREADS`` (``raw``; default: the environment's)
+    as an integer >= 1, or ``auto`` (:func:`auto_threads` of the cores free now), or
+    :data:`DEFAULT_THREADS` when unset. Anything else is a ConfigError naming the variable."""
+    raw = (os.environ.get(THREADS_ENV, "") if raw is None else raw).strip()
+    if not raw:
+        return DEFAULT_THREADS
+    if raw == THREADS_AUTO:
+        return auto_threads(len(os.sched_getaffinity(0)), busy_cores())
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(THREADS_ENV, raw, "an integer >= 1 (torch threads per stage) or auto "
+                          "(one per core that other processes leave free)")
+    return int(raw)
 
 
 def set_threads() -> None:
-    """``FEDPIPE_THREADS`` (an integer >= 1) sets torch's thread count for the stage; unset, torch
-    uses one per core. Results are bit-identical only at the same thread count (it is logged with
-    every MLflow run); set 1 when experiments run side by side (``dvc queue start -j 2``)."""
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if not raw:
-        return
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(THREADS_ENV, raw, "an integer >= 1 (torch threads per stage)")
+    """Set torch's thread count for the stage: :func:`stage_threads` (``FEDPIPE_THREADS``; unset:
+    :data:`DEFAULT_THREADS`). Results are bit-identical only at the same thread count (it is
+    logged with every MLflow run), so ``auto``, which follows the machine's load, trades that for
+    speed."""
+    threads = stage_threads()
     import torch
 
-    torch.set_num_threads(int(raw))
+    torch.set_num_threads(threads)
 
 
 def matrix_values(stage: str, n: int) -> list[str]:

@@ -917,11 +917,10 @@ def client_sizes(scratch: Path, seed: Any) -> list[int]:
 
 
 def _threads() -> None:
-    import torch
+    """The thread count a stage would run with (``fedpipe.cli.set_threads``)."""
+    from fedpipe.cli import set_threads
 
-    raw = os.environ.get("FEDPIPE_THREADS", "").strip()
-    if raw.isdigit() and int(raw) >= 1:
-        torch.set_num_threads(int(raw))
+    set_threads()
 
 
 def study_device(params: dict[str, Any]):
@@ -1407,7 +1406,9 @@ def device_line(full: dict[str, Any]) -> str:
     cuda = torch.cuda.is_available() and want != "cpu"
     if cuda:
         return f"cuda ({torch.cuda.get_device_name(0)})"
-    threads = os.environ.get("FEDPIPE_THREADS") or str(torch.get_num_threads())
+    from fedpipe.cli import DEFAULT_THREADS, THREADS_ENV
+
+    threads = os.environ.get(THREADS_ENV, "").strip() or str(DEFAULT_THREADS)  # as a stage sets it
     return f"cpu ({os.cpu_count()} cores, torch threads {threads})"
 
 
