@@ -156,20 +156,31 @@ def test_every_study_composes_a_section_for_each_of_its_methods_and_restates_no_
     code = ("import sys, json, tempfile, yaml\n"
             "from dvc.utils.hydra import compose_and_dump\n"
             "out = {}\n"
+            "def keys(d, pre=''):\n"
+            "    for k, v in d.items():\n"
+            "        yield pre + k\n"
+            "        if isinstance(v, dict):\n"
+            "            yield from keys(v, pre + k + '.')\n"
             "for s in sys.argv[1:]:\n"
             "    f = tempfile.mktemp(suffix='.yaml')\n"
             f"    compose_and_dump(f, {str(repo / 'conf')!r}, None, 'config', {str(repo)!r}, "
             "[f'study={s}'])\n"
             "    p = yaml.safe_load(open(f))\n"
             "    out[s] = [p['study']['algorithms'] + p['study']['diffusion_algorithms'], "
-            "sorted(p['algorithms'])]\n"
+            "sorted(p['algorithms']), sorted(keys(p))]\n"
             "print(json.dumps(out))\n")
     proc = subprocess.run([sys.executable, "-c", code, *studies], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     composed = json.loads(proc.stdout.splitlines()[-1])
     assert sorted(composed) == studies
-    for study, (methods, sections) in composed.items():
+    # the single keys a stage lists (``fid.extractor``; tests/test_dvc_params.py) are in every study
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].values()
+    dotted = {p for st in stages for p in st.get("params") or []
+              if isinstance(p, str) and "." in p and "${" not in p}
+    assert dotted
+    for study, (methods, sections, keys) in composed.items():
         assert sorted(set(methods)) == sections, study
+        assert dotted <= set(keys), (study, sorted(dotted - set(keys)))
     conf = yaml.safe_load((repo / "conf" / "algorithms" / "default.yaml").read_text())
     for name, section in conf.items():
         defaults = ALGORITHMS[name].config_class()
