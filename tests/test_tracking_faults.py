@@ -2,7 +2,8 @@
 
 - :data:`KILLS`: the replay killed at every MLflow call it makes (before the call reaches the store,
   and after it did), then run again, leaves the database equal to an undisturbed replay: the same
-  runs, params, metrics, tags, statuses and artifacts.
+  runs, params, metrics, tags, statuses and artifacts. ``make test`` runs a fixed sample of the
+  calls (:data:`SAMPLED`, every kind of call among them); the marker ``exhaustive`` runs the rest.
 - :data:`DAMAGES`: a spool file damaged each way is set aside into ``mlspool/failed/`` with one log
   line naming it, never counted as replayed and never deleted, and the files around it are
   replayed; a file cut at a line's end (a killed stage) is replayed as KILLED.
@@ -187,20 +188,46 @@ def undisturbed(template, tmp_path_factory) -> tuple[dict, list[str]]:
     return db_state(folder / "mlflow.db"), calls
 
 
-CALLS = 31
-"""The MLflow calls of an undisturbed replay of the template's spool (checked below): the kill
-table has one case per call, each killed before and after it."""
-KILLS = [(k, when) for k in range(CALLS) for when in ("before", "after")]
+CALL_LOG = ["search_experiments", "get_experiment_by_name", "create_experiment", "set_experiment_tag",
+            "search_runs", "create_run", "log_batch", "set_terminated",
+            "search_runs", "create_run", "log_batch", "log_batch", "log_batch", "log_artifact",
+            "log_batch", "set_terminated", "set_terminated",
+            "search_runs", "create_run", "log_batch", "log_batch", "log_artifact", "set_terminated",
+            "search_runs", "create_run", "log_batch", "log_batch", "log_artifact", "log_batch",
+            "set_terminated", "set_terminated"]
+"""The MLflow calls of an undisturbed replay of the template's spool, in order (checked below): the
+kill table has one case per call, each killed before and after it."""
+CALLS = len(CALL_LOG)
+EVERY = 4
+"""``make test`` kills the replay at a fixed sample of its calls (:data:`SAMPLED`): the first call
+of each kind, every :data:`EVERY`-th call and the last, so a failure names the same case every
+run; the other cases are marked ``exhaustive`` (``pytest -m exhaustive tests/test_tracking_faults.py``
+runs them, ``make test-exhaustive`` with the rest of the suite)."""
+SAMPLED = sorted({CALL_LOG.index(name) for name in CALL_LOG} | set(range(0, CALLS, EVERY))
+                 | {CALLS - 1})
+KILLS = [pytest.param(k, when, id=f"call {k} {when}",
+                      marks=() if k in SAMPLED else pytest.mark.exhaustive)
+         for k in range(CALLS) for when in ("before", "after")]
 
 
 def test_the_kill_table_covers_every_call_of_a_replay(undisturbed):
     state, calls = undisturbed
-    assert len(calls) == CALLS, f"update CALLS to {len(calls)}: {calls}"
+    assert calls == CALL_LOG, f"update CALL_LOG to {calls}"
     runs = [r for r in state["runs"] if "'status', 'FINISHED'" in r]
     assert len(state["runs"]) == len(runs) == 4  # three stage runs and their parent, all ended
 
 
-@pytest.mark.parametrize("k, when", KILLS, ids=[f"call {k} {w}" for k, w in KILLS])
+def test_the_sampled_kills_reach_every_kind_of_call(undisturbed):
+    """Every MLflow method the replay calls is killed, before and after, at one sampled call at
+    least, and the sample reaches into each run's calls (each starts with a ``search_runs``)."""
+    _, calls = undisturbed
+    assert not set(calls) - {calls[k] for k in SAMPLED}
+    starts = [i for i, name in enumerate(calls) if name == "search_runs"] + [CALLS]
+    assert all(set(range(a, b)) & set(SAMPLED) for a, b in zip(starts, starts[1:], strict=False))
+    assert len(SAMPLED) < CALLS  # a sample: the whole sweep is the exhaustive marker's
+
+
+@pytest.mark.parametrize("k, when", KILLS)
 def test_a_replay_killed_at_any_call_and_run_again_equals_an_undisturbed_one(
         k, when, template, undisturbed, tmp_path, monkeypatch):
     want, calls = undisturbed
