@@ -55,17 +55,19 @@ sequential: $(STAMP)
 	@test -n "$(STUDY)" || { echo "usage: make sequential STUDY=<study> [MIN=5 MAX=14 STEP=3 ARGS=\"-S override ...\"]"; exit 2; }
 	PATH="$(abspath $(BIN)):$$PATH" FEDPIPE_THREADS="$${FEDPIPE_THREADS:-1}" $(BIN)/python -m fedpipe.sequential $(STUDY) --min $(MIN) --max $(MAX) --step $(STEP) $(ARGS)
 
-# Two test processes (one per core), a test file per process (module fixtures and order kept).
-# A fault sweep runs a fixed sample of its cases (marker `exhaustive`: the rest; make test-exhaustive).
+# Two test processes (one per core), a test file per process (module fixtures and order kept), the
+# files in tests/conftest.py's order, longest first (xdist's own reorder, by test count, would start
+# the end-to-end DVC files last). A fault sweep runs a fixed sample of its cases (marker
+# `exhaustive`: the rest; make test-exhaustive).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not at_size and not exhaustive"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not at_size and not exhaustive"
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not at_size and not exhaustive"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not at_size and not exhaustive"
 
 # make test and the rest of every sweep (marker `exhaustive`)
 test-exhaustive: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not at_size"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not at_size"
 
 # Every paper preset's slice at full size on stand-in data (tests/test_presets_at_size.py): tens of
 # minutes per preset on a 2-core CPU, so not part of make test; PRESETS=<study> narrows it.

@@ -38,9 +38,17 @@ def tracked(tmp_path, monkeypatch) -> tuple[Path, str]:
 
 
 # The end-to-end DVC files run longest (minutes, one stage after another). Under `make test` each
-# file goes to one test process (`--dist loadfile`) in collection order: collected first, they run
-# beside all the other files instead of after them, on a process left alone at the end.
-LONGEST_FIRST = ("test_pipeline.py", "test_exp_queue.py")
+# file goes to one test process (`--dist loadfile`) in collection order (`--no-loadscope-reorder`:
+# xdist's default orders files by their number of tests, which put these last, on a process left
+# alone at the end): longest first, the other files fill in beside them. The order of the files that
+# took more than 60 s in a `make test` (seconds summed per file, 2 workers, load 5-8 on 2 cores:
+# pipeline 1656, exp_queue 578, replicates 346, tracking 202, extending 163, tracking_sync 111,
+# federate_ddpm 109, faults_more 108, perada_pipeline 99, diffusion_stages 99, overrides 74,
+# ray_executor 68).
+LONGEST_FIRST = ("test_pipeline.py", "test_exp_queue.py", "test_replicates.py", "test_tracking.py",
+                 "test_extending.py", "test_tracking_sync.py", "test_federate_ddpm.py",
+                 "test_faults_more.py", "test_perada_pipeline.py", "test_diffusion_stages.py",
+                 "test_overrides.py", "test_ray_executor.py")
 
 
 def pytest_collection_modifyitems(config, items):
