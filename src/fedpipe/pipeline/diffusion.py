@@ -38,7 +38,6 @@ from fedpipe.pipeline.inputs import (
     replicate_seed,
 )
 from fedpipe.rng import torch_seed
-from fedpipe.tasks.diffusion import DiffusionTask
 
 if TYPE_CHECKING:
     from fedpipe.data import DatasetMeta
