@@ -20,13 +20,13 @@ def main() -> None:
     cfg = ddpm_train_config(load_params(), algorithm, seed)  # validates before any data is loaded
     with stage_run(f"federate_ddpm@{algorithm}-{seed}", cfg.params_read, cfg.seed) as run:
         out = federate_ddpm(cfg, on_round=run.log_round)
-        run.log_file_hashes("input", out["inputs"])
-        run.log_file_hashes("output", out["outputs"])
-        run.log_final(out["final"])
-        run.log_tags({"fid.extractor_name": out["final"]["extractor"],
-                      "fid.samples": out["final"]["fid_samples"]})
+        run.log_file_hashes("input", out.inputs)
+        run.log_file_hashes("output", out.outputs)
+        run.log_final(out.final)
+        run.log_tags({"fid.extractor_name": out.final["extractor"],
+                      "fid.samples": out.final["fid_samples"]})
         for name in ("curves.png", "samples.png"):
-            run.log_artifact(out["out_dir"] / name, "plots")
+            run.log_artifact(out.out_dir / name, "plots")
 
 
 if __name__ == "__main__":

@@ -396,8 +396,9 @@ def track_outputs(root: Path, device: str = "cpu") -> dict:
     from fedpipe.io import load_tensors
     from fedpipe.pipeline.diffusion import client_path, diffusion_stage_config
     from fedpipe.pipeline.feature_extractor import feature_extractor
-    from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm, run_dir
+    from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm
     from fedpipe.pipeline.generate import generate
+    from fedpipe.pipeline.outputs import run_dir
     from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
     from fedpipe.pipeline.warmup import warmup
 
@@ -421,7 +422,7 @@ def track_outputs(root: Path, device: str = "cpu") -> dict:
             "aux": load_tensors(root / "gen" / "aux.safetensors"),
             "fid": {p.name: load_tensors(p) for p in sorted((root / "fid").glob("*.safetensors"))},
             "fedddpm": load_tensors(run_dir(root / "fed", "fedddpm", 0) / "model.safetensors"),
-            "fedddpm_fid": float(out["final"]["fid"])}
+            "fedddpm_fid": float(out.final["fid"])}
 
 
 def run_track(root: Path, device: str = "cpu") -> dict[str, str]:

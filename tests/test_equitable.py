@@ -288,7 +288,7 @@ def test_cnn_cifar100_shapes():
 
 
 def test_participant_cd_and_history_means():
-    from fedpipe.pipeline.evaluate import history_means
+    from fedpipe.metrics.equitable import history_means
     from fedpipe.pipeline.federate import participant_disagreement
 
     history = [{"round": 1.0, "cluster_nmi": 1.0, "groups_present": 2.0},

@@ -14,8 +14,9 @@ from fedpipe.io import read_json
 from fedpipe.pipeline.aux import load_aux
 from fedpipe.pipeline.diffusion import diffusion_stage_config
 from fedpipe.pipeline.feature_extractor import feature_extractor
-from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm, run_dir
+from fedpipe.pipeline.federate_ddpm import ddpm_train_config, federate_ddpm
 from fedpipe.pipeline.generate import generate
+from fedpipe.pipeline.outputs import run_dir
 from fedpipe.pipeline.partition import partition_and_write, partition_stage_config
 from fedpipe.pipeline.report import build_report, mean_std
 from fedpipe.pipeline.warmup import warmup
@@ -84,14 +85,14 @@ def test_fedavg_fedddpm_and_plus_through_the_engine(track):
         for name in ("model.safetensors", "history.csv", "metrics.json", "quicktest.json",
                      "curves.png", "samples.png"):
             assert (d / name).is_file(), (a, name)
-        assert np.isfinite(o["final"]["fid"]) and o["final"]["fid"] > 0
-        assert o["final"]["fid_samples"] == 30 and o["final"]["extractor"] == "classifier:lenet"
-    assert out["fedavg"]["final"]["server_steps"] == 0 and out["fedavg"]["final"]["rounds"] == 4
+        assert np.isfinite(o.final["fid"]) and o.final["fid"] > 0
+        assert o.final["fid_samples"] == 30 and o.final["extractor"] == "classifier:lenet"
+    assert out["fedavg"].final["server_steps"] == 0 and out["fedavg"].final["rounds"] == 4
     # FedDDPM: one server epoch on A after each of the 4 aggregations
-    assert out["fedddpm"]["final"]["server_steps"] == 4 * math.ceil(aux_n / 16)
-    assert out["fedddpm"]["final"]["fid"] != out["fedavg"]["final"]["fid"]
+    assert out["fedddpm"].final["server_steps"] == 4 * math.ceil(aux_n / 16)
+    assert out["fedddpm"].final["fid"] != out["fedavg"].final["fid"]
     # FedDDPM+: QuickTest at rounds 2 and 4, fires at 4 (threshold 1e9), one 2-epoch correction
-    plus = out["fedddpm_plus"]["final"]
+    plus = out["fedddpm_plus"].final
     assert plus["stopped_at"] == 4 and plus["server_steps"] == 2 * math.ceil(aux_n / 16)
     trace = read_json(run_dir(root / "fed", "fedddpm_plus", 0) / "quicktest.json")["trace"]
     assert len(trace) == 2
@@ -102,12 +103,12 @@ def test_fedavg_fedddpm_and_plus_through_the_engine(track):
 def test_resume_matches_uninterrupted(track, tmp_path):
     root, _ = track
     first = run(track, "fedddpm", seed=1, stop_after=2)
-    assert first["final"]["rounds"] == 2
+    assert first.final["rounds"] == 2
     resumed = run(track, "fedddpm", seed=1)
-    assert resumed["final"]["resumed_from"] == 2
+    assert resumed.final["resumed_from"] == 2
     metrics = (run_dir(root / "fed", "fedddpm", 1) / "metrics.json").read_bytes()
     straight = run(track, "fedddpm", seed=1)  # resumes from the finished checkpoint: same model
-    assert resumed["outputs"] == straight["outputs"]
+    assert resumed.outputs == straight.outputs
     # no time or resume point in the DVC-hashed metrics: a resumed run's file is a fresh run's
     assert (run_dir(root / "fed", "fedddpm", 1) / "metrics.json").read_bytes() == metrics
     assert b"seconds" not in metrics and b"resumed_from" not in metrics

@@ -498,8 +498,8 @@ def _stage_call(stage: str, tmp: Path):
 
 SPY = {"warmup": ("fedpipe.pipeline.warmup",), "generate": ("fedpipe.pipeline.generate",),
        "aux_quality": ("fedpipe.pipeline.aux_quality",),
-       "federate_ddpm": ("fedpipe.pipeline.federate_ddpm",),
-       "federate": ("fedpipe.pipeline.federate",), "server_data": ()}
+       "federate_ddpm": ("fedpipe.pipeline.training",),  # the training skeleton loads the data
+       "federate": ("fedpipe.pipeline.training",), "server_data": ()}
 
 # (file under tmp, the stage that makes it, the stages that read it)
 FILES = [

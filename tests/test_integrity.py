@@ -438,6 +438,7 @@ class ComputeStarted(Exception):
 def _federate_until_data(params: dict, algorithm: str, tmp: Path, monkeypatch) -> None:
     """The federate stage's checks on a real partition file, stopped where data would load."""
     from fedpipe.pipeline import federate as fed
+    from fedpipe.pipeline import training
     from fedpipe.pipeline.partition import partition_and_write
 
     partition_and_write(partition_stage_config(params), tmp / "partition")
@@ -445,7 +446,7 @@ def _federate_until_data(params: dict, algorithm: str, tmp: Path, monkeypatch) -
 
     def spy(*a, **k):
         raise ComputeStarted()
-    monkeypatch.setattr(fed, "load_dataset", spy)
+    monkeypatch.setattr(training, "load_dataset", spy)  # the training skeleton loads the data
     fed.federate(cfg, tmp / "fed", tmp / "partition" / "partition.safetensors", progress=False,
                  server_data_dir=tmp / "sd")
 

@@ -25,6 +25,7 @@ from fedpipe.config.fl import LocalTrainConfig
 from fedpipe.data import ClientData
 from fedpipe.data.datasets import load_digits
 from fedpipe.fl import ClientUpdate, Payload, RoundInfo, ServerData, ServerState
+from fedpipe.metrics.perada import corrupted_accuracy
 from fedpipe.models import build_model
 from fedpipe.models.adapters import (
     AdapterBlock,
@@ -34,7 +35,6 @@ from fedpipe.models.adapters import (
     freeze_backbone,
     load_backbone,
 )
-from fedpipe.pipeline.evaluate import corrupted_accuracy
 from fedpipe.pipeline.plan import check_study
 from fedpipe.pipeline.server_data import write_server_data
 from fedpipe.tasks import ClassificationTask

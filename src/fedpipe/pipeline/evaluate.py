@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from fedpipe.algorithms import ALGORITHMS
 from fedpipe.data import load_dataset
@@ -26,13 +25,9 @@ from fedpipe.io import (
     write_json,
     write_text,
 )
-from fedpipe.metrics import (
-    client_accuracy_summary,
-    per_client_accuracy,
-    pm_accuracy_of,
-    sigma_acc,
-    train_class_counts,
-)
+from fedpipe.metrics import client_accuracy_summary, per_client_accuracy, train_class_counts
+from fedpipe.metrics.papers import PAPERS
+from fedpipe.metrics.runs import RunModels
 from fedpipe.pipeline.common import (
     FEDERATE_DIR,
     PARTITION_DIR,
@@ -78,16 +73,11 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
             ("client_acc_best10", "best 10%")]
     if any("personal_acc_mean" in m for m in metrics.values()):
         cols += [("personal_acc_mean", "personal mean"), ("personal_acc_std", "personal σ_acc"),
-                 ("personal_acc_worst10", "personal worst 10%"), ("pm_v_mean", "PM(V)"),
-                 ("pm_l_mean", "PM(L)")]
-    cols += [c for c in FAIRNESS_COLUMNS if any(c[0] in m for m in metrics.values())]
-    if any("personal_global_mean" in m for m in metrics.values()):
-        cols += [("personal_global_mean", "personal Global-test")]
-    if any("corrupt_accuracy" in m for m in metrics.values()):
-        cols += [("corrupt_accuracy", "global corrupted")]
-    if any("personal_corrupt_mean" in m for m in metrics.values()):
-        cols += [("personal_corrupt_mean", "personal corrupted")]
+                 ("personal_acc_worst10", "personal worst 10%")]
+    cols += [c for paper in PAPERS for c in paper.COLUMNS
+             if any(c[0] in m for m in metrics.values())]  # each paper's, in the order of PAPERS
     cols.append(("final_train_loss", "train loss"))
+    unscaled = {"final_train_loss", *(k for paper in PAPERS for k in paper.UNSCALED)}
     seeds = int(max(m.get("seeds", 1) for m in metrics.values()))
     lines = [f"# {title}", "", "| algorithm | " + " | ".join(c[1] for c in cols) + " |",
              "|---|" + "---|" * len(cols)]
@@ -100,7 +90,7 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
             if v is None:
                 cells.append("–")
                 continue
-            scale, digits = (1, 4) if k in UNSCALED else (100, 2)
+            scale, digits = (1, 4) if k in unscaled else (100, 2)
             cell = f"{scale * v:.{digits}f}"
             if seeds > 1:
                 cell += f" ± {scale * m.get(k + '_std', 0.0):.{digits}f}"
@@ -108,48 +98,17 @@ def comparison_table(metrics: dict[str, dict[str, float]], title: str) -> str:
                 cell = f"**{cell}**"
             cells.append(cell)
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
-    lines += ["", f"Accuracies in %, mean ± sample std over {seeds} training seed(s); – : the "
-              "method has no such model or metric (Local has no global model). Client "
-              "statistics are over each client's local test split (drawn from the official test set "
-              "with the client's label distribution); σ_acc is their standard deviation, worst 10% the "
-              "mean of the lowest tenth. Generic columns evaluate the global model; personalized ones "
-              "each client's own model (methods with personal models only); PM(V) / PM(L) are FedNH's: each "
-              "client's own model on the global test set, weighted equally over the classes it owns / "
-              "by its label distribution. Personal Global-test: each client's own model on the whole "
-              "test set (PerAda's Global-test), mean over clients; corrupted: accuracy on corrupted "
-              "copies of the test set, mean over severities then corruptions (study.corruptions), of "
-              "the global model and (mean over clients) of the clients' own models."]
-    if any("sigma_acc_global" in m for m in metrics.values()):
-        lines += ["", "Equitable-FL's metrics (§5.2): σ_acc(g) = √(mean_i (Acc_i − Acc_global)²) "
-                  "and σ_acc(s) = std_i Acc_i of the final global model over the clients' local test "
-                  "splits; CMA columns are their means over all rounds (the paper's curves are "
-                  "cumulative moving averages); CD = eq. (9) over each round's participants (ordered "
-                  "pairs / C(r,2), as printed), mean over rounds; NMI = the clustering against the "
-                  "planted groups, mean over all rounds / over the rounds whose participants span ≥ 2 "
-                  "groups (a single-group round scores 0 by construction)."]
+    legend = (f"Accuracies in %, mean ± sample std over {seeds} training seed(s); – : the method has "
+              "no such model or metric (Local has no global model). Client statistics are over each "
+              "client's local test split (drawn from the official test set with the client's label "
+              "distribution); σ_acc is their standard deviation, worst 10% the mean of the lowest "
+              "tenth. Generic columns evaluate the global model; personalized ones each client's own "
+              "model (methods with personal models only);")
+    lines += ["", " ".join([legend, *(paper.LEGEND for paper in PAPERS if paper.LEGEND)])]
+    for paper in PAPERS:
+        for note in paper.notes(metrics):
+            lines += ["", note]
     return "\n".join(lines) + "\n"
-
-
-FAIRNESS_COLUMNS = [("sigma_acc_global", "σ_acc(g)"), ("sigma_acc_std", "σ_acc(s)"),
-                    ("sigma_acc_global_cma", "σ_acc(g) CMA"), ("cd_mean", "CD"),
-                    ("nmi_mean", "NMI"), ("nmi_mixed_mean", "NMI (≥2 groups)")]
-UNSCALED = ("final_train_loss", "cd_mean", "nmi_mean", "nmi_mixed_mean")
-
-
-def history_means(history: list[dict[str, float]]) -> dict[str, float]:
-    """Means over rounds of the per-round fairness metrics a run recorded (absent ones left out):
-    σ_acc (global reading) and CD over the participants (eq. 9), and the clustering NMI of a
-    clustering method, over all rounds and over the rounds whose participants span >= 2 groups."""
-    out = {}
-    for key, col in (("sigma_acc_global_cma", "test_sigma_acc_global"), ("cd_mean", "test_cd"),
-                     ("nmi_mean", "cluster_nmi")):
-        v = [h[col] for h in history if col in h and np.isfinite(h[col])]
-        if v:
-            out[key] = float(np.mean(v))
-    mixed = [h["cluster_nmi"] for h in history if h.get("groups_present", 0) >= 2]
-    if mixed:
-        out["nmi_mixed_mean"] = float(np.mean(mixed))
-    return out
 
 
 def draw_rounds(ax, points: dict[str, dict[float, list[float]]], ylabel: str, empty: str) -> bool:
@@ -288,43 +247,18 @@ SUMMARY_KEYS = ("test_accuracy", "test_accuracy_last5", "test_loss", "client_acc
                 "personal_acc_std", "personal_acc_worst10", "personal_acc_best10", "final_train_loss")
 
 
-def trainable_share(model) -> float:
-    """Trainable parameters over the parameters of the model without adapters (PerAda's Table 1
-    ratio: 1.41 M of 11.18 M; 1.0 for a method that trains the whole model)."""
-    base = sum(p.numel() for n, p in model.named_parameters() if ".adapter" not in n)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad) / base
-
-
-def corrupted_accuracy(models: list, sets: dict[tuple[str, int], object], task) -> np.ndarray:
-    """Accuracy of each model on the corrupted test sets ``{(name, severity): Split}``: the mean
-    over severities, then over corruption names (one value per model)."""
-    return corrupted_mean(list(sets), task.correct_sets(models, [(s.x, s.y) for s in sets.values()]))
-
-
-def corrupted_mean(keys: list[tuple[str, int]], correct: list[list[torch.Tensor]]) -> np.ndarray:
-    """:func:`corrupted_accuracy` from each model's correctness on each set (``correct[model][k]``
-    on set ``keys[k]``, as ``task.correct_sets`` gives it)."""
-    names = sorted({n for n, _ in keys})
-    out = np.zeros(len(correct))
-    for i, per_set in enumerate(correct):
-        acc = [float(c.double().mean()) for c in per_set]
-        out[i] = float(np.mean([np.mean([a for (n, _), a in zip(keys, acc, strict=True) if n == name])
-                                for name in names]))
-    return out
-
-
 def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_counts: np.ndarray,
                  corrupted: dict | None = None) -> tuple[dict, np.ndarray, np.ndarray | None]:
     """Metrics of one run (algorithm, seed): generic (the global model on the global test set and on
-    each client's local test split) and, for a method with personal models, personalized (each
-    client's own model on its split, and FedNH's PM(V) / PM(L): its model on the global test set
-    weighted by the classes it owns / its label distribution; FedNH §4.1-§4.2). A method without a
-    global model (Local) has no generic metrics: they are absent, and ``generic`` is None.
+    each client's local test split), for a method with personal models personalized (each client's
+    own model on its split), then each paper's of :data:`~fedpipe.metrics.papers.PAPERS` (FedNH's
+    PM(V) / PM(L), Equitable-FL's σ_acc, PerAda's Global-test and corrupted accuracy, ...). A method
+    without a global model (Local) has no generic metrics: they are absent, and ``generic`` is None.
 
-    Each model goes over the test set once (PM(V), PM(L) and the Global-test accuracy are scores of
-    the same predictions) and over each corrupted set once, all models of the run in one
-    ``task.correct_sets`` call (which shares the body of models that differ only in their head);
-    every model is put in eval mode once."""
+    Every model is put in eval mode once; the papers' metrics share the passes over the test sets
+    (:class:`~fedpipe.metrics.runs.RunModels`), each model going over a set once, all models of the
+    run in one ``task.correct_sets`` call (which shares the body of models that differ only in their
+    head)."""
     model = make_model(cfg, ds)
     weights = load_tensors(run / "model.safetensors", stage_of(cfg))
     model.load_state_dict(weights)
@@ -337,36 +271,21 @@ def evaluate_run(cfg: TrainConfig, run: Path, ds, local_tests, task, train_count
         m = {"test_accuracy": glob["accuracy"], "test_accuracy_last5": last_rounds_accuracy(history),
              "test_loss": glob["loss"], **client_accuracy_summary(generic)}
     m["final_train_loss"] = history[-1]["train_loss"]
-    if generic is not None:
-        m |= {"sigma_acc_global": sigma_acc(generic, m["test_accuracy"]),
-              "sigma_acc_std": sigma_acc(generic, reading="std")}
-    m |= {**history_means(history), "trainable_share": trainable_share(model)}
     personal = load_personal(run, weights, stage_of(cfg))
     models = []
     for c in range(len(local_tests) if personal else 0):
         pm = make_model(cfg, ds)
         pm.load_state_dict(personal[c])
         models.append(pm.eval())
-    if corrupted:  # the global model (if any) and the clients' own models, in one pass per set
-        scored = ([model] if generic is not None else []) + models
-        corrupt = corrupted_mean(list(corrupted), task.correct_sets(
-            scored, [(s.x, s.y) for s in corrupted.values()]))
-        if generic is not None:
-            m["corrupt_accuracy"] = float(corrupt[0])
     own = None
     if models:
         own = per_client_accuracy(models, local_tests, task, cfg.seed)
         m |= {k.replace("client_acc", "personal_acc"): v
               for k, v in client_accuracy_summary(own).items()}
-        test = [c[0] for c in task.correct_sets(models, [(ds.test.x, ds.test.y)])]
-        for mode in ("V", "L"):
-            pm = pm_accuracy_of(test, ds.test.y, train_counts, mode)
-            m[f"pm_{mode.lower()}_mean"] = float(np.nanmean(pm))
-            m[f"pm_{mode.lower()}_client_std"] = float(np.nanstd(pm))  # across clients (FedNH Table 2)
-        # Global-test: each own model on the whole test set (task.evaluate's accuracy)
-        m["personal_global_mean"] = float(np.mean([float(c.sum()) / max(len(c), 1) for c in test]))
-        if corrupted:
-            m["personal_corrupt_mean"] = float(np.mean(corrupt[len(scored) - len(models):]))
+    views = RunModels(task, (ds.test.x, ds.test.y), train_counts, history, model, models, generic,
+                      dict(m), corrupted)
+    for paper in PAPERS:
+        m |= paper.run_metrics(views)
     return m, generic, own
 
 

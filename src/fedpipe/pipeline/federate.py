@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,49 +16,22 @@ import numpy as np
 import torch
 
 from fedpipe.algorithms import ALGORITHMS
-from fedpipe.cli import keep_on_interrupt
 from fedpipe.config import ConfigError
-from fedpipe.data import ClientData, load_dataset
+from fedpipe.data import ClientData
 from fedpipe.errors import InputError, SkippedStageError
-from fedpipe.fl import RunResult, run_federated
+from fedpipe.fl import RunResult, ServerData
 from fedpipe.fl.state import Weights
-from fedpipe.io import (
-    load_tensors,
-    md5_file,
-    save_figure,
-    write_json,
-)
+from fedpipe.io import load_tensors, md5_file
 from fedpipe.metrics import client_disagreement, per_client_accuracy, per_client_loss, sigma_acc
 from fedpipe.models.adapters import load_backbone
-from fedpipe.pipeline.common import (
-    FEDERATE_DIR,
-    TrainConfig,
-    clients_of,
-    fingerprint_of,
-    load_partition,
-    make_model,
-)
-from fedpipe.pipeline.inputs import (
-    BACKBONE_DIR,
-    backbone_path,
-    checkpoint_dir,
-    partition_file,
-    replicate_dir,
-)
-from fedpipe.pipeline.outputs import final_metrics, plot_history, run_dir, save_run
+from fedpipe.pipeline.common import FEDERATE_DIR, TrainConfig, clients_of, make_model
+from fedpipe.pipeline.inputs import BACKBONE_DIR, backbone_path, replicate_dir
+from fedpipe.pipeline.outputs import final_metrics
 from fedpipe.pipeline.server_inputs import SERVER_DATA_DIR, check_server_data, load_server_data
+from fedpipe.pipeline.training import Setup, Track, TrainOutputs, train
 from fedpipe.tasks import ClassificationTask
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class FederateOutputs:
-    result: RunResult
-    out_dir: Path
-    final: dict[str, float]
-    inputs: dict[str, str]
-    outputs: dict[str, str]
 
 
 def client_evaluator(task: ClassificationTask, model_of: Callable[[Weights], torch.nn.Module],
@@ -156,66 +129,54 @@ def federate(cfg: TrainConfig, out_root: str | Path = FEDERATE_DIR,
              partition_path: str | Path | None = None, stop_after: int | None = None,
              on_round: Callable[[dict[str, float]], None] | None = None,
              progress: bool = True, server_data_dir: str | Path | None = None,
-             backbone_dir: str | Path = BACKBONE_DIR) -> FederateOutputs:
+             backbone_dir: str | Path = BACKBONE_DIR) -> TrainOutputs:
     """Run the federate stage for ``cfg.algorithm`` in replicate ``cfg.seed`` into
-    ``<out_root>/<algorithm>/seed_<seed>``; resumes from its checkpoint
-    (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`) if present. By default it reads the
-    replicate's partition (``data/partition/seed_<seed>``); a method that declares server data gets
-    it from ``server_data_dir`` (default ``data/server_data/seed_<seed>``, the ``server_data@<seed>``
-    stage); one with ``backbone: fedavg`` (any algorithm: :func:`initial_model`) its backbone from
-    ``backbone_dir`` (``backbone@<seed>``)."""
-    out = run_dir(out_root, cfg.algorithm, cfg.seed)
-    partition_path = partition_path or partition_file(cfg.seed)
+    ``<out_root>/<algorithm>/seed_<seed>`` (the skeleton: :func:`~fedpipe.pipeline.training.train`).
+    By default it reads the replicate's partition (``data/partition/seed_<seed>``); a method that
+    declares server data gets it from ``server_data_dir`` (default ``data/server_data/seed_<seed>``,
+    the ``server_data@<seed>`` stage); one with ``backbone: fedavg`` (any algorithm:
+    :func:`initial_model`) its backbone from ``backbone_dir`` (``backbone@<seed>``)."""
     server_data_dir = server_data_dir or replicate_dir(SERVER_DATA_DIR, cfg.seed)
-    part = load_partition(partition_path, cfg.seed)
-    method = ALGORITHMS[cfg.algorithm]
-    if method.needs_client_groups and "groups" not in part.meta:
-        raise ConfigError("partition.scheme", part.meta["scheme"],
-                          f"label_blocks ({cfg.algorithm} needs each client's planted group)")
-    method.check_clients(cfg.algo_cfg, part.num_clients, cfg.fl.clients_per_round(part.num_clients))
-    kind = method.server_data_kind(cfg.algo_cfg)
-    if kind != "none":  # every input is readable before any compute
-        check_server_data(kind, server_data_dir, f"server_data@{cfg.seed}")
-    ds = load_dataset(cfg.dataset)
-    device = cfg.device.torch  # everything below lives there (on the CPU: as it always did)
-    clients = [c.to(device) for c in clients_of(ds, part)]
-    task = ClassificationTask(cfg.device.accel.bf16_autocast, cfg.device.accel.compile)
-    model, read = initial_model(cfg, ds, backbone_dir)
-    strategy = method(
-        task, lambda: make_model(cfg, ds).to(device), cfg.fl.local, cfg.algo_cfg,
-        aggregation=cfg.fl.aggregation, num_clients=part.num_clients,
-        client_groups=part.meta.get("groups"))  # label_blocks' planted groups: GIFAIR, NMI
-    inputs = {str(partition_path): md5_file(partition_path)} | read
-    server_data = None
-    if kind != "none":
-        server_data = load_server_data(kind, cfg.algorithm, server_data_dir, f"server_data@{cfg.seed}")
-        server_data = replace(server_data, data=server_data.data.to(device))
-        if kind == "aux" and not server_data.labelled:
-            raise ConfigError("diffusion.conditional", False,
-                              f"true: {cfg.algorithm} trains a classifier on the auxiliary set, "
-                              "which must be labelled (class-conditional warm-up)")
-        sd_path = Path(server_data_dir) / f"{kind}.safetensors"
-        inputs[str(sd_path)] = md5_file(sd_path)
-    evaluate = client_evaluator(task, strategy.model_of, ds.test.x.to(device), ds.test.y.to(device),
-                                [c.to(device) for c in clients_of(ds, part, "test")], cfg.seed,
-                                global_model=method.has_global_model())
-    ckpt = checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}")
-    keep_on_interrupt(f"checkpoint (every fl.checkpoint_every rounds) kept in {ckpt}")
-    result = run_federated(strategy, model, clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=ckpt,
-                           fingerprint=fingerprint_of(cfg.params_read, *inputs),
-                           stop_after=stop_after, server_data=server_data, on_round=on_round,
-                           progress=progress)
-    participant_disagreement(result.history, result.client_history)
-    save_run(out, result, {"algorithm": cfg.algorithm, "model": cfg.model.name})
-    final = final_metrics(result.history, result.rounds_done)
-    write_json(out / "metrics.json", final)
-    metric = ("test_accuracy", "global test accuracy") if method.has_global_model() else (
+    stage = f"server_data@{cfg.seed}"
+    has_global = ALGORITHMS[cfg.algorithm].has_global_model()
+
+    def check_inputs(kind: str) -> None:
+        if kind != "none":
+            check_server_data(kind, server_data_dir, stage)
+
+    def setup(ds, part) -> Setup:
+        device = cfg.device.torch
+        task = ClassificationTask(cfg.device.accel.bf16_autocast, cfg.device.accel.compile)
+        model, read = initial_model(cfg, ds, backbone_dir)
+
+        def evaluator(strategy) -> Callable:
+            return client_evaluator(task, strategy.model_of, ds.test.x.to(device),
+                                    ds.test.y.to(device),
+                                    [c.to(device) for c in clients_of(ds, part, "test")], cfg.seed,
+                                    global_model=has_global)
+
+        def server_data(kind: str) -> tuple[ServerData, dict[str, str]]:
+            data = load_server_data(kind, cfg.algorithm, server_data_dir, stage)
+            if kind == "aux" and not data.labelled:
+                raise ConfigError("diffusion.conditional", False,
+                                  f"true: {cfg.algorithm} trains a classifier on the auxiliary set, "
+                                  "which must be labelled (class-conditional warm-up)")
+            path = Path(server_data_dir) / f"{kind}.safetensors"
+            return replace(data, data=data.data.to(device)), {str(path): md5_file(path)}
+
+        def finish(out: Path, result: RunResult, strategy) -> dict[str, float]:
+            participant_disagreement(result.history, result.client_history)
+            final = final_metrics(result.history, result.rounds_done)
+            log.info("%s (seed %d): %d rounds, %s", cfg.algorithm, cfg.seed, result.rounds_done,
+                     ", ".join(f"{k} {final[k]:.4f}" for k in ("test_accuracy", "personal_acc_mean")
+                               if k in final))
+            return final
+
+        return Setup(task, lambda: make_model(cfg, ds).to(device), model, read, evaluator,
+                     server_data, finish)
+
+    curve = ("test_accuracy", "global test accuracy") if has_global else (
         "test_personal_mean", "clients' own models: mean local test accuracy (no global model)")
-    save_figure(out / "curves.png", plot_history(result.history, f"{cfg.algorithm} on {cfg.dataset.name}",
-                                                 *metric))
-    log.info("%s (seed %d): %d rounds, %s", cfg.algorithm, cfg.seed, result.rounds_done,
-             ", ".join(f"{k} {final[k]:.4f}" for k in ("test_accuracy", "personal_acc_mean")
-                       if k in final))
-    return FederateOutputs(result, out, final, inputs,
-                           {str(out / "model.safetensors"): md5_file(out / "model.safetensors")})
+    return train(cfg, Track("fl", {"model": cfg.model.name}, f"{cfg.algorithm} on {cfg.dataset.name}",
+                            curve, check_inputs, setup),
+                 out_root, partition_path, stop_after, on_round, progress)

@@ -18,7 +18,6 @@ as :class:`~fedpipe.fl.ServerData`; every method gets the FID of ``n`` samples a
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpipe.algorithms import (
-    ALGORITHMS,
-    algorithm_config,
-    check_algorithms,
-)
-from fedpipe.cli import keep_on_interrupt
+from fedpipe.algorithms import algorithm_config, check_algorithms
 from fedpipe.config import dataset_config
 from fedpipe.config.core import build, check_sections, read_seed
 from fedpipe.config.device import DeviceConfig, device_config, device_params
@@ -45,21 +39,14 @@ from fedpipe.config.diffusion import (
     fid_config,
 )
 from fedpipe.config.fl import FLConfig, StudyConfig, fl_config
-from fedpipe.data import ClientData, load_dataset
-from fedpipe.fl import ServerData, run_federated
+from fedpipe.data import ClientData
+from fedpipe.fl import RunResult, ServerData
 from fedpipe.io import md5_file, save_figure, write_json
 from fedpipe.pipeline.aux import check_aux, load_aux, plot_grid, requested_labels
-from fedpipe.pipeline.common import algorithm_sections, clients_of, load_partition, parse_run_seed
-from fedpipe.pipeline.diffusion import (
-    FID_DIR,
-    aux_file,
-    make_task,
-    make_unet,
-    params_fingerprint,
-)
+from fedpipe.pipeline.common import algorithm_sections, parse_run_seed
+from fedpipe.pipeline.diffusion import FID_DIR, aux_file, make_task, make_unet
 from fedpipe.pipeline.fid_tools import FIDTools, check_fid_inputs, load_fid_tools
-from fedpipe.pipeline.inputs import checkpoint_dir, partition_file
-from fedpipe.pipeline.outputs import plot_history, run_dir, save_run
+from fedpipe.pipeline.training import Setup, Track, TrainOutputs, train
 from fedpipe.rng import torch_generator
 from fedpipe.tasks.diffusion import DiffusionTask
 
@@ -142,87 +129,74 @@ def federate_ddpm(cfg: DDPMTrainConfig, out_root: str | Path = FEDERATE_DDPM_DIR
                   partition_path: str | Path | None = None, aux_path: str | Path | None = None,
                   fid_dir: str | Path = FID_DIR, stop_after: int | None = None,
                   on_round: Callable[[dict[str, float]], None] | None = None,
-                  progress: bool = True) -> dict:
+                  progress: bool = True) -> TrainOutputs:
     """Run the federate_ddpm stage for ``cfg.algorithm`` in replicate ``cfg.seed`` (by default on its
-    partition and auxiliary set); resumes from its checkpoint
-    (:func:`~fedpipe.pipeline.inputs.checkpoint_dir`)."""
-    out = run_dir(out_root, cfg.algorithm, cfg.seed)
-    partition_path = partition_path or partition_file(cfg.seed)
+    partition and auxiliary set; the skeleton: :func:`~fedpipe.pipeline.training.train`)."""
     aux_path = aux_path or aux_file(cfg.seed)
-    part = load_partition(partition_path, cfg.seed)
-    check_fid_inputs(fid_dir)  # every input is readable before any compute
-    if ALGORITHMS[cfg.algorithm].server_data_kind(cfg.algo_cfg) != "none":
-        check_aux(aux_path, cfg.seed)
-    ds = load_dataset(cfg.dataset)
-    device = cfg.device.torch
-    clients = [c.to(device) for c in clients_of(ds, part)]  # batches drawn where they train
-    test_x, test_y = ds.test.x.to(device), ds.test.y.to(device)
-    task = make_task(cfg.diffusion, cfg.device.accel)
-    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir, device)
-    class_counts = np.bincount(ds.train.y.numpy(), minlength=ds.meta.num_classes)
 
-    def model_fn() -> torch.nn.Module:
-        return make_unet(cfg.diffusion, ds.meta, cfg.seed, "ddpm-global-init").to(device)
+    def check_inputs(kind: str) -> None:
+        check_fid_inputs(fid_dir)
+        if kind != "none":
+            check_aux(aux_path, cfg.seed)
 
-    strategy = ALGORITHMS[cfg.algorithm](task, model_fn, cfg.fl.local, cfg.algo_cfg,
-                                         aggregation=cfg.fl.aggregation, num_clients=part.num_clients)
-    score = fid_of(task, tools, cfg, class_counts,  # the round's score (FedDDPM+'s QuickTest)
-                   progress="round score FID" if progress else None)
-    curve_score = fid_of(task, tools, cfg, class_counts, cfg.fid.curve_sampler,
-                         progress="FID curve" if progress else None)
-    inputs = {str(partition_path): md5_file(partition_path)}
-    server_data, kind = None, strategy.server_data_kind(cfg.algo_cfg)
-    if kind != "none":
-        aux = load_aux(aux_path, cfg.seed)
-        labels = aux.labels if kind == "aux" else torch.full_like(aux.labels, -1)
-        server_data = ServerData(kind, ClientData(aux.images, labels).to(device),
-                                 bool((labels >= 0).all()),
-                                 str(aux_path))
-        inputs[str(aux_path)] = md5_file(aux_path)
+    def setup(ds, part) -> Setup:
+        device = cfg.device.torch
+        test_x, test_y = ds.test.x.to(device), ds.test.y.to(device)
+        task = make_task(cfg.diffusion, cfg.device.accel)
+        tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, fid_dir, device)
+        class_counts = np.bincount(ds.train.y.numpy(), minlength=ds.meta.num_classes)
 
-    def evaluate(state, personal=None) -> dict[str, float]:
-        model = strategy.global_model(state).to(device)
-        res = task.evaluate(model, test_x, test_y)
-        fid = curve_score(model, cfg.fid.curve_samples, torch_generator(cfg.seed, "fid-curve"))
-        return {"loss": res["loss"], "fid": fid}
+        def model_fn() -> torch.nn.Module:
+            return make_unet(cfg.diffusion, ds.meta, cfg.seed, "ddpm-global-init").to(device)
 
-    fp = params_fingerprint(cfg.params_read, *inputs)  # a checkpoint resumes only on a match
-    t0 = time.perf_counter()
-    ckpt = checkpoint_dir(out_root, cfg.algorithm, f"seed_{cfg.seed}")
-    keep_on_interrupt(f"checkpoint (every diffusion_fl.checkpoint_every rounds) kept in {ckpt}")
-    result = run_federated(strategy, model_fn(), clients, cfg.fl, cfg.seed, evaluate=evaluate,
-                           checkpoint_dir=ckpt,
-                           fingerprint=fp, stop_after=stop_after,
-                           server_data=server_data, score=score, on_round=on_round,
-                           progress=progress, section="diffusion_fl")
-    seconds = time.perf_counter() - t0
-    model = strategy.global_model(result.state).to(device)
-    x = sample_images(task, model, cfg.fid.num_samples, cfg, class_counts,
-                      torch_generator(cfg.seed, "fid-final"), progress="final FID" if progress else None)
-    final_fid = tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
-    save_run(out, result, {"algorithm": cfg.algorithm, "unet": cfg.diffusion.unet})
-    meta = result.state.meta
-    write_json(out / "quicktest.json", {"trace": meta.get("quicktest", []),
-                                        "stopped_at": meta.get("stopped_at")})
-    final = {"fid": final_fid, "fid_samples": cfg.fid.num_samples, "extractor": tools.fid.name,
-             "sampler": cfg.fid.sampler, "curve_sampler": cfg.fid.curve_sampler,
-             "curve_samples": cfg.fid.curve_samples, "rounds": result.rounds_done,
-             "stopped_at": meta.get("stopped_at") or result.rounds_done,
-             # the stop round as a share of diffusion_fl.rounds (FedDDPM+'s early-stop claim)
-             "stop_fraction": (meta.get("stopped_at") or result.rounds_done) / cfg.fl.rounds,
-             "corrected_at": meta.get("corrected_at"),  # a server correction's round (FedDDPM+)
-             "server_steps": meta.get("server_steps", 0),
-             "final_train_loss": result.history[-1].get("train_loss"),  # None: no client trains
-             "test_loss": [h for h in result.history if "test_loss" in h][-1]["test_loss"],
-             }
-    write_json(out / "metrics.json", final)
-    # what this process did (seconds, the round it resumed from) differs between a fresh and a
-    # resumed run: MLflow and the log only, never the DVC-hashed metrics.json
-    final = {**final, "train_seconds_now": seconds, "resumed_from": result.resumed_from}
+        score = fid_of(task, tools, cfg, class_counts,  # the round's score (FedDDPM+'s QuickTest)
+                       progress="round score FID" if progress else None)
+        curve_score = fid_of(task, tools, cfg, class_counts, cfg.fid.curve_sampler,
+                             progress="FID curve" if progress else None)
+
+        def evaluator(strategy) -> Callable:
+            def evaluate(state, personal=None) -> dict[str, float]:
+                model = strategy.global_model(state).to(device)
+                res = task.evaluate(model, test_x, test_y)
+                fid = curve_score(model, cfg.fid.curve_samples, torch_generator(cfg.seed, "fid-curve"))
+                return {"loss": res["loss"], "fid": fid}
+            return evaluate
+
+        def server_data(kind: str) -> tuple[ServerData, dict[str, str]]:
+            aux = load_aux(aux_path, cfg.seed)
+            labels = aux.labels if kind == "aux" else torch.full_like(aux.labels, -1)
+            data = ServerData(kind, ClientData(aux.images, labels).to(device),
+                              bool((labels >= 0).all()), str(aux_path))
+            return data, {str(aux_path): md5_file(aux_path)}
+
+        def finish(out: Path, result: RunResult, strategy) -> dict[str, Any]:
+            model = strategy.global_model(result.state).to(device)
+            x = sample_images(task, model, cfg.fid.num_samples, cfg, class_counts,
+                              torch_generator(cfg.seed, "fid-final"),
+                              progress="final FID" if progress else None)
+            final_fid = tools.fid.score(x, tools.reference, batch_size=cfg.fid.batch_size)
+            meta = result.state.meta
+            write_json(out / "quicktest.json", {"trace": meta.get("quicktest", []),
+                                                "stopped_at": meta.get("stopped_at")})
+            save_figure(out / "samples.png",
+                        plot_grid(x, f"{title}: FID {final_fid:.3f} ({len(x)} samples)"))
+            log.info("%s: %d rounds, FID %.4f on %d samples (%s)", cfg.algorithm, result.rounds_done,
+                     final_fid, len(x), tools.fid.name)
+            stopped_at = meta.get("stopped_at") or result.rounds_done
+            return {"fid": final_fid, "fid_samples": cfg.fid.num_samples, "extractor": tools.fid.name,
+                    "sampler": cfg.fid.sampler, "curve_sampler": cfg.fid.curve_sampler,
+                    "curve_samples": cfg.fid.curve_samples, "rounds": result.rounds_done,
+                    "stopped_at": stopped_at,
+                    # the stop round as a share of diffusion_fl.rounds (FedDDPM+'s early-stop claim)
+                    "stop_fraction": stopped_at / cfg.fl.rounds,
+                    "corrected_at": meta.get("corrected_at"),  # a server correction's round (FedDDPM+)
+                    "server_steps": meta.get("server_steps", 0),
+                    "final_train_loss": result.history[-1].get("train_loss"),  # None: no client trains
+                    "test_loss": [h for h in result.history if "test_loss" in h][-1]["test_loss"]}
+
+        return Setup(task, model_fn, model_fn(), {}, evaluator, server_data, finish, score)
+
     title = f"{cfg.algorithm} DDPM on {cfg.dataset.name}"
-    save_figure(out / "curves.png", plot_history(result.history, title, "test_fid", "FID", "epsilon-MSE"))
-    save_figure(out / "samples.png", plot_grid(x, f"{title}: FID {final_fid:.3f} ({len(x)} samples)"))
-    log.info("%s: %d rounds, FID %.4f on %d samples (%s)", cfg.algorithm, result.rounds_done,
-             final_fid, len(x), tools.fid.name)
-    return {"final": final, "out_dir": out, "inputs": inputs,
-            "outputs": {str(out / "model.safetensors"): md5_file(out / "model.safetensors")}}
+    return train(cfg, Track("diffusion_fl", {"unet": cfg.diffusion.unet}, title,
+                            ("test_fid", "FID", "epsilon-MSE"), check_inputs, setup),
+                 out_root, partition_path, stop_after, on_round, progress)
