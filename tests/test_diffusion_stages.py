@@ -251,6 +251,9 @@ def test_generate_and_aux_quality(tmp_path, conditional):
     aux = load_aux(tmp_path / "gen" / "aux.safetensors")
     sizes = Partition.load(part_path).sizes()
     assert len(aux.images) == round(0.1 * sizes.sum()) == out["metrics"]["samples"]
+    on_disk = read_json(tmp_path / "gen" / "metrics.json")  # DVC hashes it: no wall time there
+    assert "seconds" not in on_disk and out["metrics"]["seconds"] > 0
+    assert on_disk == {k: v for k, v in out["metrics"].items() if k != "seconds"}
     assert aux.images.shape[1:] == (1, 8, 8) and 0 <= aux.images.min() and aux.images.max() <= 1
     sources = read_json(tmp_path / "gen" / "sources.json")
     for cid, s in sources.items():

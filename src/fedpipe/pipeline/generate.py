@@ -135,8 +135,9 @@ def generate(cfg: DiffusionStageConfig, out_dir: str | Path | None = None,
                  {META_KEY: json.dumps(meta, sort_keys=True)})
     write_json(out / "sources.json", sources)
     metrics = {"samples": float(counts.sum()), "model_evaluations": float(counts.sum() * steps),
-               "seconds": seconds, "steps": float(steps)}
-    write_json(out / "metrics.json", metrics)
+               "steps": float(steps)}
+    write_json(out / "metrics.json", metrics)  # no wall time: DVC hashes this file
+    metrics = {**metrics, "seconds": seconds}  # to MLflow (the stage logs what it returns)
     log.info("generate: %d samples from %d clients (%s, %d steps) in %.1f s", counts.sum(),
              int((counts > 0).sum()), g.sampler, steps, seconds)
     return {"metrics": metrics, "inputs": {str(partition_path): md5_file(partition_path)},

@@ -451,7 +451,13 @@ def _user() -> str:
 
 def _sync_on_failure(uri: str) -> None:
     """A failing stage replays what is pending (its own run, its parent's FAILED status); a failure
-    of that sync is one log line, never in place of the stage's own error."""
+    of that sync is one log line, never in place of the stage's own error, and a sync that went
+    well says nothing (the stage's error stays its one line)."""
+    import logging
+
+    sync_log = logging.getLogger("fedpipe.tracking.sync")
+    level = sync_log.level
+    sync_log.setLevel(max(logging.WARNING, level))
     try:
         from fedpipe.tracking.sync import sync_pending
 
@@ -460,6 +466,8 @@ def _sync_on_failure(uri: str) -> None:
         log.warning("tracking: the failed stage's runs stay in %s (%s: %s); "
                     "`python -m fedpipe.tracking.sync` replays them", spool_dir(uri),
                     type(e).__name__, e)
+    finally:
+        sync_log.setLevel(level)
 
 
 def _parent_record(sha: str, exp_name: str, study_params: Mapping[str, Any]) -> dict | None:
