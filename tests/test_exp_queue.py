@@ -3,7 +3,9 @@ each shows its params and metrics in `dvc exp show`, can be applied back complet
 project's MLflow database; going back to earlier params restores from DVC's run-cache."""
 
 import json
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +20,23 @@ TINY = ["-S", "study.algorithms=[fedavg]", "-S", "study.diffusion_algorithms=[]"
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> tuple[Path, dict]:
+def project(tmp_path_factory) -> Iterator[tuple[Path, dict]]:
     dst = tmp_path_factory.mktemp("queue")
     env = {**copy_repo(dst), "FEDPIPE_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)  # the project's own mlflow.db
     commit_all(dst, env)
-    return dst, env
+    yield dst, env
+    sh(["dvc", "queue", "stop"], dst, env, check=False)  # a worker DVC left idle stops now
+
+
+def start_queue(dst: Path, env: dict) -> None:
+    """`dvc queue start -j 2`, its output not piped to this process: the workers it leaves in the
+    background inherit its output, and a pipe would keep this call waiting until the last one exits
+    (seen once: one of two workers took its shutdown message while busy and then idled for good)."""
+    proc = subprocess.run(["dvc", "queue", "start", "-j", "2"], cwd=dst, env=env,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0
 
 
 def wait_for_queue(dst: Path, env: dict, timeout: float = 600) -> str:
@@ -41,7 +54,7 @@ def test_two_queued_experiments_in_parallel_keep_everything(project):
     for lr in ("0.05", "0.1"):
         sh(["dvc", "exp", "run", "--queue", "--name", f"lr{lr}", *TINY, "-S", f"fl.local.lr={lr}"],
            dst, env)
-    sh(["dvc", "queue", "start", "-j", "2"], dst, env)
+    start_queue(dst, env)
     status = wait_for_queue(dst, env)
     assert "Failed" not in status, sh(["dvc", "queue", "logs", "lr0.05"], dst, env, check=False).stdout
 
