@@ -419,8 +419,9 @@ def record_failure(stage: str, error: BaseException) -> None:
     :func:`stage_run` opened (bad params, a missing input, a read-only folder, found by the checks
     before compute) or after its run ended well. Spools a run of ``stage`` that ends FAILED (KILLED
     for Ctrl-C) with the error's first line as tag ``fedpipe.error``, and sets the pipeline's parent
-    run to the same status, so that an experiment whose stage failed is never shown FINISHED; then
-    replays what is pending, as a failing :func:`stage_run` does. Called by
+    run to the same status, so that an experiment whose stage failed is never shown FINISHED; then,
+    for a failure (not an interruption, which must stop at once: a stage whose DVC is gone has
+    seconds), replays what is pending, as a failing :func:`stage_run` does. Called by
     :func:`fedpipe.cli.run_stage`; never raises (the stage's own error is the one to report)."""
     if not tracking_enabled() or any(s != "FINISHED" for s in _OUTCOME):
         return
@@ -437,7 +438,8 @@ def record_failure(stage: str, error: BaseException) -> None:
     except Exception as e:  # noqa: BLE001 (a folder it cannot write: the stage's error says it)
         log.debug("tracking: the failure of %s is not recorded (%s: %s)", stage, type(e).__name__, e)
         return
-    _sync_on_failure(uri)
+    if status == "FAILED":  # an interrupted stage stops at once: the next sync replays its run
+        _sync_on_failure(uri)
 
 
 def _user() -> str:
