@@ -128,9 +128,13 @@ def test_ctrl_c_without_registration_says_nothing_partial_is_kept(tmp_path):
 
 
 def test_training_stages_register_their_checkpoints():
+    """The warm-up and the training skeleton (which the federate and federate_ddpm stages both run)
+    say where an interrupted stage's checkpoints are."""
     src = REPO / "src" / "fedpipe" / "pipeline"
-    for name in ("federate.py", "federate_ddpm.py", "warmup.py"):
+    for name in ("training.py", "warmup.py"):
         assert "keep_on_interrupt(" in (src / name).read_text(), name
+    for name in ("federate.py", "federate_ddpm.py"):
+        assert "from fedpipe.pipeline.training import" in (src / name).read_text(), name
 
 
 def test_ctrl_c_to_the_process_group_stops_worker_processes_quietly(tmp_path):

@@ -329,13 +329,16 @@ def watch_dvc(stage: str, done: threading.Event, poll: float = DVC_POLL_S) -> th
         return now is None or len(now) <= 19 or now[19] != dvc_started
 
     def stop() -> None:
-        line = f"error: DVC, which started stage {stage}, is gone: stopping (re-run `dvc repro`)"
-        _ORPHANED.append(line.removesuffix(" (re-run `dvc repro`)"))
+        head = f"error: DVC, which started stage {stage}, is gone: stopping"
+        _ORPHANED.append(head)
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):  # Python's own (KeyboardInterrupt) or the stage's
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             if done.wait(DVC_GONE_GRACE_S):
                 return
+        # SIGINT ignored (a stage started in the background by a shell without job control) or the
+        # stage did not stop in time: the same one line, from here
+        line = f"{head}; {interrupted_message().removeprefix('interrupted: ')}"
         try:
             print(line, file=sys.stderr, flush=True)
         except OSError:
