@@ -49,35 +49,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _ddpm_models import add_model_args, load_models, tiny_models
 
-from fedpipe.config import load_params
-from fedpipe.data import load_dataset
-from fedpipe.io import load_tensors, read_json, write_json
-from fedpipe.pipeline.diffusion import FID_DIR, make_task, make_unet
-from fedpipe.pipeline.federate_ddpm import ddpm_train_config, sample_images
-from fedpipe.pipeline.fid_tools import load_fid_tools
+from fedpipe.io import read_json, write_json
+from fedpipe.pipeline.federate_ddpm import sample_images
 from fedpipe.rng import torch_generator
-
-DEFAULT_MODEL = Path("data/federate_ddpm/fedavg/seed_0/model.safetensors")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    add_model_args(ap)
     ap.add_argument("--against", type=Path, default=None, help="a second model, same generators")
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
-    ap.add_argument("--fid-dir", type=Path, default=FID_DIR)
     ap.add_argument("--samples", default="100,200", help="comma-separated sample counts")
     ap.add_argument("--k", type=int, default=5, help="sampling seeds per count (>= 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fid-noise generators")
     ap.add_argument("--out", type=Path, default=Path("data/benchmarks/fid_noise.json"))
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny inputs built in a temporary directory; 2 seeds of 4 and 8 samples")
     args = ap.parse_args()
@@ -92,20 +83,9 @@ def main() -> None:
 def quick_inputs(args):
     """A temporary working directory with the FID extractor (1 epoch) and two untrained UNets at
     ``args.model`` and ``args.against``."""
-    from _quick import note, tiny_workdir
+    from _quick import note
 
-    from fedpipe.io import save_tensors
-    from fedpipe.pipeline.diffusion import diffusion_stage_config
-    from fedpipe.pipeline.feature_extractor import feature_extractor
-
-    with tiny_workdir({"device": "cpu"}) as params:
-        feature_extractor(diffusion_stage_config(params, "feature_extractor"), args.fid_dir,
-                          progress=False)
-        cfg = ddpm_train_config(params, "fedavg", 0)
-        meta = load_dataset(cfg.dataset).meta
-        for i, path in enumerate((args.model, args.against)):
-            model = make_unet(cfg.diffusion, meta, cfg.seed, "bench-fid-noise", i)
-            save_tensors(path, dict(sorted(model.state_dict().items())))
+    with tiny_models((args.model, args.against), args.fid_dir, "bench-fid-noise"):
         note("inputs built in a temporary directory: a 1-epoch FID classifier, two untrained "
              "UNets (T = 10); CPU")
         yield
@@ -117,22 +97,10 @@ def measure(args) -> None:
         raise SystemExit("error: --k must be >= 2 and every sample count >= 2")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not args.model.is_file():
-        raise SystemExit(f"error: missing {args.model}; run `dvc repro federate_ddpm@fedavg-0` first")
-    found = re.search(r"([^/]+)/seed_(\d+)/", args.model.as_posix())
-    algorithm, run_seed = (found.group(1), int(found.group(2))) if found else ("fedavg", 0)
-    cfg = ddpm_train_config(load_params(args.params), algorithm, run_seed)
-    ds = load_dataset(cfg.dataset)
-    device = cfg.device.torch
-    task = make_task(cfg.diffusion, cfg.device.accel)
-    def load(path: Path) -> torch.nn.Module:
-        m = make_unet(cfg.diffusion, ds.meta, cfg.seed, "ddpm-global-init")
-        m.load_state_dict(load_tensors(path))
-        return m.to(device).eval()
-
-    models = [load(args.model)] + ([load(args.against)] if args.against else [])
-    tools = load_fid_tools(cfg.fid, ds.meta, cfg.seed, args.fid_dir, device)
-    class_counts = np.bincount(ds.train.y.numpy(), minlength=ds.meta.num_classes)
+    loaded = load_models([args.model] + ([args.against] if args.against else []), args.params,
+                         args.fid_dir)
+    cfg, task, tools, models = loaded.cfg, loaded.task, loaded.tools, loaded.models
+    device, class_counts = loaded.device, loaded.class_counts
 
     fids: list[dict[int, list[float]]] = [{n: [] for n in counts} for _ in models]
     t0 = time.perf_counter()

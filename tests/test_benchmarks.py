@@ -36,6 +36,7 @@ EXPECTED = {  # per benchmark, a line (regular expression, searched line by line
     "parallel_threads": rf"^speedup {N}$",
     "perada_cost": rf"^smoke scale \(2 clients .* KD / client work = {N}$",
     "pipeline_stages": rf"^ +{N} s +total \(2 stages, device \w+\)$",
+    "quicktest_noise": rf"^false-stop rate {N}$",
     "ray_overhead": rf"^\[quick\] Ray .* serial {N} s/round$",
     "sampling": rf"^time ratio ddpm/ddim = {N} \(step ratio 5\.00\)$",
     "stage_overhead": rf"^DVC outside the work: N=6 vs N=3: x{N} per stage$",
