@@ -37,8 +37,9 @@ the EMA (weight gamma) of the earlier scores, before S is added; in fedpipe the 
    with c_hi = 1 + f, c_lo = 1 - f (the absolute rule: c = 1, the bounds shifted by +-tau).
    The hazard and the stop distribution have no such form (each test conditions on every earlier
    miss); they come from a Monte Carlo run of the ``QuickTest`` class itself along ``--reps`` noisy
-   curves, the noise from the numpy streams ``numpy_rng(seed, "quicktest-noise-mc", row)``, which
-   also estimates p_j to check the closed form.
+   curves, the noise from the numpy streams ``numpy_rng(seed, "quicktest-noise-mc", row)`` ((a) and
+   (b), ``row`` the index in ``--deltas``) and ``numpy_rng(seed, "quicktest-noise-curve")`` ((c)),
+   which also estimates p_j to check the closed form.
 
    (a) plateau, x = 0 below; (b) a curve still falling by Delta = x tau per test at every level
    (m_j = mu (1 + x f)^(n - j), reaching mu at the last test; linear for an absolute rule), for x in
@@ -86,7 +87,7 @@ from typing import Any
 
 import numpy as np
 from _ddpm_models import add_model_args
-from scipy.stats import norm
+from scipy.stats import chi2, norm
 
 from fedpipe.algorithms.fedddpm import QuickTest
 from fedpipe.errors import InputError
@@ -217,6 +218,7 @@ def summarise(curve: Sequence[float], sigma: float, rule: Rule, sim: Simulation)
     hazard = int(np.sum(sim.stops >= half.start)) / at_risk if at_risk else float("nan")
     false_fire = stopped & ~decisions[np.where(stopped, sim.stops, 0)]
     early = stopped & (sim.stops < (n if nf_stop is None else nf_stop))
+    first = max(start, 1)  # the first test with an EMA to compare with
     last = n - 1
     return {"tests": n - start, "burn_in_tests": start, "reps": reps, "sigma": sigma,
             "noise_free_stop_test": None if nf_stop is None else nf_stop - start + 1,
@@ -229,6 +231,7 @@ def summarise(curve: Sequence[float], sigma: float, rule: Rule, sim: Simulation)
             "median_stop_test": (float(np.median(sim.stops[stopped]) - start + 1) if stopped.any()
                                  else None),
             "p_false_fire": float(false_fire.mean()), "false_stop_rate": float(early.mean()),
+            "false_stop_rate_first_comparison": float(np.mean(early & (sim.stops == first))),
             "p_closed_form_all": p_cf[start:].tolist(), "p_monte_carlo_all": p_mc[start:].tolist()}
 
 
@@ -309,6 +312,13 @@ def quick_inputs(args):
         yield
 
 
+def sigma_interval(sigma: float, k: int) -> tuple[float, float]:
+    """The 95% interval of the std of normal scores from the sample std ``sigma`` of ``k`` (chi-square
+    with k - 1 degrees of freedom)."""
+    return (sigma * math.sqrt((k - 1) / chi2.ppf(0.975, k - 1)),
+            sigma * math.sqrt((k - 1) / chi2.ppf(0.025, k - 1)))
+
+
 def fmt(x: float) -> str:
     """A probability with 3 decimals, ``-`` for NaN (no run left at risk)."""
     return "-" if math.isnan(x) else f"{x:.3f}"
@@ -377,12 +387,14 @@ def run(args) -> None:
     if len(scores) < 2 or not np.isfinite(scores).all():
         raise SystemExit(f"error: need 2 finite scores or more, got {scores.tolist()}")
     mu, sigma = float(scores.mean()), float(scores.std(ddof=1))
+    sigma_ci = sigma_interval(sigma, len(scores))
     tau = rule.limit(mu)
     print(f"{args.model}: {len(scores)} QuickTest scores ({test_size} samples, {drawn.get('sampler')} "
           f"sampler, {drawn.get('extractor')}, {drawn.get('device')}, {drawn.get('seconds', 0):.0f} s"
           f"{', from ' + str(args.scores) if args.scores else ''})")
     print(f"  mean {mu:.3f}  std sigma {sigma:.3f}  threshold {'f x mean' if relative else ''} "
-          f"tau {tau:.3f}  sigma/tau {sigma / tau if tau else math.inf:.3f}")
+          f"tau {tau:.3f}  sigma/tau {sigma / tau if tau else math.inf:.3f}  (sigma's 95% interval "
+          f"{sigma_ci[0]:.3f}-{sigma_ci[1]:.3f})")
     print("  scores: " + " ".join(f"{s:.2f}" for s in scores))
     print(f"QuickTest: gamma {rule.gamma}, {'relative' if relative else 'absolute'} threshold "
           f"{rule.threshold}, a test every {args.test_every} rounds, {tests} tests in {args.rounds} "
@@ -419,26 +431,33 @@ def run(args) -> None:
         col, rounds, fids = curve
         scale = mu / fids[-1]
         m = (fids * scale).tolist()
-        sim = simulate(m, sigma, rule, args.reps, numpy_rng(args.seed, "quicktest-noise-mc",
-                                                            len(deltas)))
+        sim = simulate(m, sigma, rule, args.reps, numpy_rng(args.seed, "quicktest-noise-curve"))
         res = summarise(m, sigma, rule, sim)
         nf = res["noise_free_stop_test"]
         nf_round = None if nf is None else int(rounds[nf - 1])
         sim_rounds = stop_round_distribution(sim, rounds)
+        at_ci = [summarise(m, sg, rule, simulate(m, sg, rule, args.reps, numpy_rng(
+            args.seed, "quicktest-noise-curve")))["false_stop_rate"] for sg in sigma_ci]
         result_c = {"curve": str(curve_path), "column": col, "test_rounds": rounds.tolist(),
                     "curve_at_tests": fids.tolist(), "scale": scale, "noise_free_stop_round": nf_round,
-                    **res, **sim_rounds}
+                    **res, **sim_rounds, "false_stop_rate_at_sigma_interval": at_ci}
         print(f"(c) {curve_path} ({col}) at the {len(rounds)} test rounds {int(rounds[0])}-"
               f"{int(rounds[-1])}, x{scale:.3f} to the score level: "
               + " ".join(f"{v:.1f}" for v in m))
         print(f"  noise-free rule: {'never fires' if nf_round is None else f'stops after round {nf_round}'}"
               f"; with noise: stops in {res['p_stop']:.1%} of runs, stop round quantiles 10/50/90% "
               f"{sim_rounds['stop_round_quantiles']}, earliest {sim_rounds['stop_round_min']}")
+        first = int(rounds[1])
+        print(f"  false-stop rate {res['false_stop_rate']:.4f}, of which "
+              f"{res['false_stop_rate_first_comparison']:.4f} at round {first} (the first comparison: "
+              f"the EMA holds one score, so it lags the curve by one test's fall, not 1 / gamma of it); "
+              f"{at_ci[0]:.4f} / {at_ci[1]:.4f} at the ends of sigma's interval")
         print("  stop rounds (share of runs): " + ", ".join(
             f"{r}: {s:.3f}" for r, s in sim_rounds["stop_round_shares"].items() if s >= 0.001))
     write_json(args.out, {"model": str(args.model), "params": str(args.params), **drawn,
                           "test_size": test_size, "mean": mu, "sigma": sigma, "threshold_fid": tau,
                           "sigma_over_threshold": sigma / tau if tau else None,
+                          "sigma_interval_95": list(sigma_ci),
                           "rule": {"gamma": rule.gamma, "threshold": rule.threshold,
                                    "relative": rule.relative, "test_every": args.test_every,
                                    "rounds": args.rounds, "tests": tests},

@@ -18,6 +18,7 @@ from quicktest_noise import (  # noqa: E402
     firing_probability,
     noise_free,
     parse_deltas,
+    sigma_interval,
     simulate,
     summarise,
 )
@@ -93,6 +94,8 @@ def test_settled_lag_decides_a_falling_curve():
                                                numpy_rng(0, "test-quicktest-noise", 3), start=20))
     assert res["noise_free_stop_test"] is None and res["tests"] == 20
     assert res["false_stop_rate"] == res["p_stop"] == res["p_false_fire"] > 0
+    assert 0 < res["false_stop_rate_first_comparison"] < res["false_stop_rate"]
+    assert res["false_stop_rate_first_comparison"] == res["p_stop_first_test"]
 
 
 def test_curve_read_at_the_test_rounds(tmp_path):
@@ -115,3 +118,9 @@ def test_bad_deltas_are_one_line():
     for bad in ("", "a", "-1", "nan"):
         with pytest.raises(SystemExit, match="--deltas"):
             parse_deltas(bad)
+
+
+def test_sigma_interval():
+    lo, hi = sigma_interval(3.512, 20)  # chi-square 19 df: 8.907 and 32.852
+    assert lo == pytest.approx(3.512 * (19 / 32.852) ** 0.5, rel=1e-4)
+    assert hi == pytest.approx(3.512 * (19 / 8.907) ** 0.5, rel=1e-4)
