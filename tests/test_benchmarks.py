@@ -20,7 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
-TIMEOUT = 120  # seconds one quick run may take (they take 0.5-15 s): a script that ignores --quick
+TIMEOUT = 120  # seconds one quick run may take (they take 0.5-15 s, stage_overhead's dvc repro of a
+# 3-stage fedpipe study 30-60 s): a script that ignores --quick
 
 N = r"\d+\.\d+"  # a number as the benchmarks print them
 EXPECTED = {  # per benchmark, a line (regular expression, searched line by line) of its result
@@ -39,7 +40,8 @@ EXPECTED = {  # per benchmark, a line (regular expression, searched line by line
     "quicktest_noise": rf"^false-stop rate {N}$",
     "ray_overhead": rf"^\[quick\] Ray .* serial {N} s/round$",
     "sampling": rf"^time ratio ddpm/ddim = {N} \(step ratio 5\.00\)$",
-    "stage_overhead": rf"^DVC outside the work: N=6 vs N=3: x{N} per stage$",
+    "stage_overhead": rf"^fedpipe outside the work vs its floor at N=3: x{N} \(target <= 1\.50: "
+                      r"(met|missed)\)$",
     "unet_step": rf"^speedup {N}$",
     "vs_flower": rf"^fedpipe \(serial executor\): {N} s/round, final accuracy {N}$",
 }

@@ -64,7 +64,9 @@ project, so a stage's code check is unaffected). It wraps, where the stage impor
 the engine's round loop (``run_federated``; each round's client selection, client updates,
 aggregation, server step, evaluation, personal models and checkpoints), every ``local_train`` call
 (data size, epochs, step cap, batch, steps done), every ``DiffusionTask.sample`` call (images, steps),
-the evaluate stage's per-run scoring and its corrupted-set passes. A stage's *fixed* part is its wall
+the evaluate stage's per-run scoring and its corrupted-set passes, and the stage's ``main`` as
+:func:`fedpipe.cli.run_stage` calls it (after the module-level imports; benchmarks/stage_overhead.py
+reads it). A stage's *fixed* part is its wall
 time less the parts below (start-up, imports, data loading, model set-up, writing outputs): it is
 never scaled.
 
@@ -476,9 +478,26 @@ if _DIR:
         if hasattr(m, "corrupted_test_sets"):
             m.corrupted_test_sets = _timed("corrupt_build", m.corrupted_test_sets)
 
+    def _cli(m):  # the stage's main as run_stage calls it: after the module-level imports
+        orig = m.run_stage
+
+        @functools.wraps(orig)
+        def run_stage(main):
+            @functools.wraps(main)
+            def timed():
+                t0, p0 = time.time(), time.perf_counter()
+                try:
+                    return main()
+                finally:
+                    _emit({"kind": "main", "stage": os.environ.get("DVC_STAGE"), "t0": t0,
+                           "s": time.perf_counter() - p0})
+            return orig(timed)
+
+        m.run_stage = run_stage
+
     _PATCH = {"fedpipe.fl.engine": _engine, "fedpipe.fl.local": _local,
               "fedpipe.tasks.diffusion": _diffusion, "fedpipe.tasks": _tasks,
-              "fedpipe.pipeline.evaluate": _evaluate}
+              "fedpipe.pipeline.evaluate": _evaluate, "fedpipe.cli": _cli}
 
     import importlib.abc
 
@@ -513,7 +532,7 @@ if _DIR:
     import atexit
 
     def _cuda():
-        _emit({"kind": "mem", "hwm": _hwm()})
+        _emit({"kind": "mem", "hwm": _hwm(), "t": time.time()})
         t = sys.modules.get("torch")
         try:
             if t is not None and t.cuda.is_available() and t.cuda.is_initialized():
