@@ -97,6 +97,30 @@ REGRESSION_CLIENTS = (regression_data(1, 3), regression_data(2, 5), regression_d
 """Four clients' regression data (3, 5, 4 and 2 samples)."""
 
 
+# -- a small classification run on the digits data set (8x8 images, 10 classes) ---------------------
+def digits_clients(num_clients: int, per_client: int) -> list[ClientData]:
+    """The first ``per_client`` training samples of each of ``num_clients`` IID clients of digits
+    (partition seed 0)."""
+    from fedpipe.config import dataset_config, partition_config
+    from fedpipe.data import load_dataset, make_partition
+
+    ds = load_dataset(dataset_config({"name": "digits"}))
+    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
+                          partition_config({"scheme": "iid", "num_clients": num_clients}), 0)
+    return [ClientData(ds.train.x[torch.from_numpy(i)][:per_client],
+                       ds.train.y[torch.from_numpy(i)][:per_client]) for i in part.train]
+
+
+def tiny_digits_model() -> nn.Module:
+    """A linear classifier of digits (flattened 8x8 -> 10), weights N(0, 0.1^2) from seed 0."""
+    g = torch.Generator().manual_seed(0)
+    m = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return m
+
+
 def two_layer_strategy(name: str, cfg=None, local: LocalTrainConfig = FULL_BATCH, *, model_fn=TwoLayer,
                        task=None, num_clients: int = 2, aggregation: str = "weighted"):
     """Algorithm ``name`` (its config from ``cfg``) on TwoLayer and MSETask by default."""
@@ -107,6 +131,22 @@ def two_layer_strategy(name: str, cfg=None, local: LocalTrainConfig = FULL_BATCH
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+STAND_IN_OUTPUTS = """
+def write_outputs(stage, outs):
+    \"\"\"A stand-in stage's declared outputs, named after the stage: a path with a suffix is a file
+    holding the stage's name, any other a folder holding made_by.txt.\"\"\"
+    for out in outs:
+        path = Path(out)
+        if path.suffix:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(stage + "\\n")
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "made_by.txt").write_text(stage + "\\n")
+"""
+"""The output writer of the stand-in stage scripts (source text: the scripts run in a pipeline's
+copy, where this module cannot be imported); a script that pastes it imports ``Path`` first."""
 
 
 @functools.cache

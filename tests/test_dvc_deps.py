@@ -19,18 +19,11 @@ import pytest
 import yaml
 
 from fedpipe.algorithms import ALGORITHMS
+from fedpipe.cli import CODE_DIR, check_loaded_code, stage_code_file
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, read_json
-from fedpipe.pipeline.code import (
-    CODE_DIR,
-    METHOD_LOOKUPS,
-    check_loaded_code,
-    code_closure,
-    stage_code,
-    stage_code_file,
-    write_stage_code,
-)
+from fedpipe.pipeline.code import METHOD_LOOKUPS, code_closure, stage_code, write_stage_code
 
 REPO = Path(__file__).resolve().parents[1]
 DVC_YAML = REPO / "dvc.yaml"

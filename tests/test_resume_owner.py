@@ -16,13 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
-from fakes import assert_identical
+from fakes import assert_identical, digits_clients, tiny_digits_model
 
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
-from fedpipe.config import dataset_config, partition_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.data import ClientData, load_dataset, make_partition
+from fedpipe.data import ClientData
 from fedpipe.errors import InputError
 from fedpipe.fl import run_federated
 from fedpipe.fl.engine import CLIENTS_DIR, read_client_file
@@ -35,28 +33,16 @@ ROUNDS, STOP = 4, 3  # with half the clients per round, client 2 trains in round
 
 @pytest.fixture(scope="module")
 def clients() -> list[ClientData]:
-    ds = load_dataset(dataset_config({"name": "digits"}))
-    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
-                          partition_config({"scheme": "iid", "num_clients": NUM_CLIENTS}), 0)
-    return [ClientData(ds.train.x[torch.from_numpy(i)][:60], ds.train.y[torch.from_numpy(i)][:60])
-            for i in part.train]
-
-
-def tiny() -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return m
+    return digits_clients(NUM_CLIENTS, 60)
 
 
 def run(clients, participation: float, **kw):
     local = LocalTrainConfig(epochs=1, batch_size=32, lr=0.1)
     fl = FLConfig(rounds=ROUNDS, participation=participation, local=local, checkpoint_every=1)
-    strategy = ALGORITHMS["scaffold"](ClassificationTask(), tiny, local,
+    strategy = ALGORITHMS["scaffold"](ClassificationTask(), tiny_digits_model, local,
                                       algorithm_config("scaffold", {}), num_clients=NUM_CLIENTS)
-    return run_federated(strategy, tiny(), clients, fl, 0, progress=False, fingerprint="f", **kw)
+    return run_federated(strategy, tiny_digits_model(), clients, fl, 0, progress=False, fingerprint="f",
+                         **kw)
 
 
 def files(ckpt: Path) -> dict[int, Path]:

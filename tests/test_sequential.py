@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from fakes import STAND_IN_OUTPUTS
 from scipy import stats
 
 import fedpipe.sequential as sq
@@ -206,21 +207,15 @@ LIGHT_STAND_IN = """\
 import os, re
 from pathlib import Path
 import yaml
-
+""" + STAND_IN_OUTPUTS + """
 stage = os.environ["DVC_STAGE"]
 name, _, rest = stage.partition("@")
 spec = yaml.safe_load(Path("dvc.yaml").read_text())["stages"][name]
 keys = list(spec.get("matrix") or {})
 item = dict(zip(keys, rest.split("-", len(keys) - 1))) if keys else {}
-for out in [*spec.get("outs", []), *spec.get("metrics", [])]:
-    out = next(iter(out)) if isinstance(out, dict) else out
-    path = Path(re.sub(r"\\$\\{item\\.(\\w+)\\}", lambda m: item[m.group(1)], out))
-    if path.suffix:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(stage + "\\n")
-    else:
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "made_by.txt").write_text(stage + "\\n")
+outs = [next(iter(out)) if isinstance(out, dict) else out
+        for out in [*spec.get("outs", []), *spec.get("metrics", [])]]
+write_outputs(stage, [re.sub(r"\\$\\{item\\.(\\w+)\\}", lambda m: item[m.group(1)], out) for out in outs])
 """
 
 REPORT_STAND_IN = """\

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -96,27 +97,26 @@ def as_stage(main: Callable[[], None], monkeypatch, stage: str = "federate@fedav
     return exit_.value.code
 
 
-def failed_in_its_run(tmp: Path, monkeypatch) -> None:
+def input_error(tmp: Path, monkeypatch, *, in_its_run: bool) -> None:
+    """A stage that logged a round, then an InputError: in its run (an input found truncated) or
+    after its run ended well (an output it cannot write)."""
     def main():
         with stage_run("federate@fedavg-0", {}, 0) as run:
             run.log_round({"round": 1, "train_loss": 0.5})
-            raise InputError(tmp / "x.safetensors", "truncated", None)
+            if in_its_run:
+                raise InputError(tmp / "x.safetensors", "truncated", None)
+        raise InputError(tmp / "out.json", "cannot be written", None)
 
     assert as_stage(main, monkeypatch) == 2
+
+
+failed_in_its_run = functools.partial(input_error, in_its_run=True)
+failed_after_its_run = functools.partial(input_error, in_its_run=False)
 
 
 def failed_before_its_run(tmp: Path, monkeypatch) -> None:
     def main():  # the stage's config check, before it opens its run
         raise ConfigError("fl.rounds", "abc", "an integer >= 1")
-
-    assert as_stage(main, monkeypatch) == 2
-
-
-def failed_after_its_run(tmp: Path, monkeypatch) -> None:
-    def main():
-        with stage_run("federate@fedavg-0", {}, 0) as run:
-            run.log_round({"round": 1, "train_loss": 0.5})
-        raise InputError(tmp / "out.json", "cannot be written", None)
 
     assert as_stage(main, monkeypatch) == 2
 

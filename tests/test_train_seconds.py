@@ -16,13 +16,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
+from fakes import digits_clients, tiny_digits_model
 
 import fedpipe.fl.engine as engine
 from fedpipe.algorithms import ALGORITHMS, algorithm_config
-from fedpipe.config import dataset_config, partition_config
 from fedpipe.config.fl import FLConfig, LocalTrainConfig
-from fedpipe.data import ClientData, load_dataset, make_partition
+from fedpipe.data import ClientData
 from fedpipe.fl import run_federated
 from fedpipe.fl.engine import SECONDS_FILE
 from fedpipe.tasks import ClassificationTask
@@ -33,11 +32,7 @@ TICK = 10.0
 
 @pytest.fixture(scope="module")
 def clients() -> list[ClientData]:
-    ds = load_dataset(dataset_config({"name": "digits"}))
-    part = make_partition(ds.train.y.numpy(), ds.test.y.numpy(), 10,
-                          partition_config({"scheme": "iid", "num_clients": 3}), 0)
-    return [ClientData(ds.train.x[torch.from_numpy(i)][:40], ds.train.y[torch.from_numpy(i)][:40])
-            for i in part.train]
+    return digits_clients(3, 40)
 
 
 @pytest.fixture(autouse=True)
@@ -48,15 +43,6 @@ def clock(monkeypatch):
         perf_counter=lambda: next(ticks) * TICK, monotonic=time.monotonic))
 
 
-def tiny() -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return m
-
-
 class Killed(BaseException):
     pass
 
@@ -65,7 +51,7 @@ def run(clients, ckpt: Path | None, records: list[dict], kill: bool = False,
         fingerprint: str = "f"):
     local = LocalTrainConfig(epochs=1, batch_size=20, lr=0.1)
     fl = FLConfig(rounds=ROUNDS, local=local, checkpoint_every=1)
-    strategy = ALGORITHMS["fedavg"](ClassificationTask(), tiny, local,
+    strategy = ALGORITHMS["fedavg"](ClassificationTask(), tiny_digits_model, local,
                                     algorithm_config("fedavg", {}), num_clients=len(clients))
 
     def on_round(record: dict) -> None:
@@ -73,8 +59,8 @@ def run(clients, ckpt: Path | None, records: list[dict], kill: bool = False,
         if kill and record["round"] == KILLED_IN:
             raise Killed
 
-    return run_federated(strategy, tiny(), clients, fl, 0, progress=False, checkpoint_dir=ckpt,
-                         fingerprint=fingerprint, on_round=on_round)
+    return run_federated(strategy, tiny_digits_model(), clients, fl, 0, progress=False,
+                         checkpoint_dir=ckpt, fingerprint=fingerprint, on_round=on_round)
 
 
 def killed_once(clients, ckpt: Path) -> list[float]:

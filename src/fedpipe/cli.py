@@ -1,11 +1,13 @@
 """Entry-point helper for stage scripts: logging set-up (log lines printed above the progress bars,
 never onto them), one-line errors with exit code 2 (a folder the stage cannot write too), Ctrl-C as one
 line saying what was kept and how to resume, with exit code 130, and, under DVC, a stage that stops
-the same way when the DVC process that started it is gone (:func:`watch_dvc`)."""
+the same way when the DVC process that started it is gone (:func:`watch_dvc`), and one that ran a
+project file its code file does not list fails (:func:`check_stage_code`)."""
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import math
 import os
@@ -356,6 +358,57 @@ def watch_dvc(stage: str, done: threading.Event, poll: float = DVC_POLL_S) -> th
     return thread
 
 
+# -- the code a stage ran, held to its code file -----------------------------------------------------
+CODE_DIR = Path("data/plan/code")
+"""Where the plan stage writes each stage's code file (:mod:`fedpipe.pipeline.code` writes them;
+:func:`check_stage_code` reads the running stage's)."""
+STAGES_DIR = Path("stages")
+
+
+def package_root() -> Path:
+    """The folder that holds the ``fedpipe`` package that runs (``src/`` of the repository)."""
+    import fedpipe
+
+    return Path(fedpipe.__file__).resolve().parents[1]
+
+
+def stage_code_file(address: str, root: str | Path = ".") -> Path:
+    """The code file of DVC stage ``address`` (``federate@fedavg-0`` -> ``federate/fedavg.json`` when
+    the stage has a file per method, else ``federate.json``)."""
+    name, _, item = address.partition("@")
+    per_method = Path(root) / CODE_DIR / name
+    if item and per_method.is_dir():
+        return per_method / f"{item.rpartition('-')[0] or item}.json"
+    return Path(root) / CODE_DIR / f"{name}.json"
+
+
+def loaded_project_files(src: Path | None = None, stages: Path = STAGES_DIR) -> set[str]:
+    """The project's files (named as in a code file) that this process has imported."""
+    src = (src or package_root()).resolve()
+    stages = stages.resolve()
+    out = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not f:
+            continue
+        path = Path(f).resolve()
+        if path.is_relative_to(src):
+            out.add(path.relative_to(src).as_posix())
+        elif path.is_relative_to(stages):
+            out.add((Path(STAGES_DIR.name) / path.relative_to(stages)).as_posix())
+    return out
+
+
+def check_loaded_code(address: str, root: str | Path = ".") -> list[str]:
+    """The project files this process loaded that stage ``address``'s code file does not list
+    (empty when the file covers them, or when there is no code file to hold the stage to)."""
+    path = stage_code_file(address, root)
+    if not path.is_file():
+        return []
+    listed = set(json.loads(path.read_text()))
+    return sorted(loaded_project_files(stages=Path(root) / STAGES_DIR) - listed)
+
+
 def check_stage_code() -> None:
     """Under DVC, a stage script that loaded a file of the project its code file does not list fails:
     DVC would call the stage up to date after an edit to that file (:mod:`fedpipe.pipeline.code`;
@@ -364,8 +417,6 @@ def check_stage_code() -> None:
     stage = os.environ.get("DVC_STAGE")
     if not stage or not main_file or Path(main_file).resolve().parent.name != "stages":
         return
-    from fedpipe.pipeline.code import check_loaded_code
-
     missing = check_loaded_code(stage)
     if missing:
         _fail(f"error: stage {stage} ran code that its code file does not list ({', '.join(missing)}):"

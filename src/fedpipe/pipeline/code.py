@@ -21,9 +21,11 @@ module loads when a stage looks the method up, and the walk cannot see which. :d
 says, per stage, which methods it looks up, and their modules (with their own imports) join its code:
 ``federate@<algorithm>-<seed>`` depends on ``data/plan/code/federate/<algorithm>.json``, the stage's
 code plus that one method's, so an edit to one method re-runs that method's stages (and the stages
-that read their outputs) and nothing else. :func:`check_loaded_code` makes this a guarantee: at the
-end of a stage run under DVC, every project file the process loaded must be in the stage's code
-file, or the stage fails (``tests/test_dvc_deps.py`` also checks that no other dynamic import exists).
+that read their outputs) and nothing else. :func:`fedpipe.cli.check_loaded_code` makes this a
+guarantee: at the end of a stage run under DVC, every project file the process loaded must be in the
+stage's code file, or the stage fails (``tests/test_dvc_deps.py`` also checks that no other dynamic
+import exists). The code file's place and name (:data:`fedpipe.cli.CODE_DIR`,
+:func:`fedpipe.cli.stage_code_file`) are the stage runner's, which reads them; this module writes them.
 """
 
 from __future__ import annotations
@@ -34,10 +36,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedpipe.cli import CODE_DIR, STAGES_DIR, package_root
 from fedpipe.io import md5_file, write_json
-
-CODE_DIR = Path("data/plan/code")
-STAGES_DIR = Path("stages")
 
 METHOD_LOOKUPS: dict[str, str | tuple[str, ...]] = {
     "federate": "algorithms",  # one code file per method of study.algorithms: its own
@@ -50,15 +50,8 @@ METHOD_LOOKUPS: dict[str, str | tuple[str, ...]] = {
 ``diffusion_algorithms``: :data:`PER_METHOD`) gives one code file per method
 (``<stage>/<method>.json``); ``"study"`` adds every method of ``study.algorithms`` to the stage's one
 file, ``"all"`` every registered method; a tuple names the methods. A stage not listed looks up none
-(:func:`check_loaded_code` holds every stage to this)."""
+(:func:`fedpipe.cli.check_loaded_code` holds every stage to this)."""
 PER_METHOD = ("algorithms", "diffusion_algorithms")
-
-
-def package_root() -> Path:
-    """The folder that holds the ``fedpipe`` package that runs (``src/`` of the repository)."""
-    import fedpipe
-
-    return Path(fedpipe.__file__).resolve().parents[1]
 
 
 def module_file(name: str, roots: Sequence[Path]) -> Path | None:
@@ -234,44 +227,3 @@ def write_stage_code(root: str | Path = ".", src: Path | None = None, study: Any
         if sub.is_dir() and not any(sub.iterdir()):
             sub.rmdir()
     return codes
-
-
-def stage_code_file(address: str, root: str | Path = ".") -> Path:
-    """The code file of DVC stage ``address`` (``federate@fedavg-0`` -> ``federate/fedavg.json`` when
-    the stage has a file per method, else ``federate.json``)."""
-    name, _, item = address.partition("@")
-    per_method = Path(root) / CODE_DIR / name
-    if item and per_method.is_dir():
-        return per_method / f"{item.rpartition('-')[0] or item}.json"
-    return Path(root) / CODE_DIR / f"{name}.json"
-
-
-def loaded_project_files(src: Path | None = None, stages: Path = STAGES_DIR) -> set[str]:
-    """The project's files (named as in a code file) that this process has imported."""
-    import sys
-
-    src = (src or package_root()).resolve()
-    stages = stages.resolve()
-    out = set()
-    for mod in list(sys.modules.values()):
-        f = getattr(mod, "__file__", None)
-        if not f:
-            continue
-        path = Path(f).resolve()
-        if path.is_relative_to(src):
-            out.add(path.relative_to(src).as_posix())
-        elif path.is_relative_to(stages):
-            out.add((Path(STAGES_DIR.name) / path.relative_to(stages)).as_posix())
-    return out
-
-
-def check_loaded_code(address: str, root: str | Path = ".") -> list[str]:
-    """The project files this process loaded that stage ``address``'s code file does not list
-    (empty when the file covers them, or when there is no code file to hold the stage to)."""
-    import json
-
-    path = stage_code_file(address, root)
-    if not path.is_file():
-        return []
-    listed = set(json.loads(path.read_text()))
-    return sorted(loaded_project_files(stages=Path(root) / STAGES_DIR) - listed)
