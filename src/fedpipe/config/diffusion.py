@@ -13,7 +13,7 @@ from typing import Any
 
 from fedpipe.config.core import ConfigError, build, check, one_of
 from fedpipe.config.device import legacy_device_key
-from fedpipe.config.fl import OPTIMIZERS, ModelConfig, model_config
+from fedpipe.config.fl import ModelConfig, check_optimization, model_config
 from fedpipe.config.models import check_model, dry_build
 
 UNET_PRESETS = ("digits_small", "mnist_paper", "cifar_paper")
@@ -75,15 +75,7 @@ class WarmupConfig:
     ``min(steps, epochs x ceil(m_i / batch_size))``."""
 
     def validate(self, p: str) -> None:
-        check(self.epochs >= 1, f"{p}.epochs", self.epochs, "an integer >= 1")
-        if self.steps is not None:
-            check(self.steps >= 1, f"{p}.steps", self.steps, "null or an integer >= 1")
-        check(self.batch_size >= 1, f"{p}.batch_size", self.batch_size, "an integer >= 1")
-        one_of(f"{p}.optimizer", self.optimizer, OPTIMIZERS)
-        check(self.lr > 0, f"{p}.lr", self.lr, "a number > 0")
-        check(self.weight_decay >= 0, f"{p}.weight_decay", self.weight_decay, "a number >= 0")
-        if self.grad_clip is not None:
-            check(self.grad_clip > 0, f"{p}.grad_clip", self.grad_clip, "null or a number > 0")
+        check_optimization(self, p)
 
 
 @dataclass(frozen=True)

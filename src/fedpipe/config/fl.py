@@ -18,6 +18,21 @@ PAPER_KEYS = ("fedddpm", "baselines", "fedptr", "equitable", "fednh", "perada")
 validating a study does not import the claims)."""
 
 
+def check_optimization(cfg: Any, p: str) -> None:
+    """The checks shared by every section that trains a model with an optimizer (``fl.local``,
+    ``diffusion_fl.local``, ``warmup``): ``epochs``, ``steps``, ``batch_size``, ``optimizer``, ``lr``,
+    ``weight_decay`` and ``grad_clip`` under the prefix ``p``."""
+    check(cfg.epochs >= 1, f"{p}.epochs", cfg.epochs, "an integer >= 1")
+    if cfg.steps is not None:
+        check(cfg.steps >= 1, f"{p}.steps", cfg.steps, "null or an integer >= 1")
+    check(cfg.batch_size >= 1, f"{p}.batch_size", cfg.batch_size, "an integer >= 1")
+    one_of(f"{p}.optimizer", cfg.optimizer, OPTIMIZERS)
+    check(cfg.lr > 0, f"{p}.lr", cfg.lr, "a number > 0")
+    check(cfg.weight_decay >= 0, f"{p}.weight_decay", cfg.weight_decay, "a number >= 0")
+    if cfg.grad_clip is not None:
+        check(cfg.grad_clip > 0, f"{p}.grad_clip", cfg.grad_clip, "null or a number > 0")
+
+
 @dataclass(frozen=True)
 class LocalTrainConfig:
     """Local training of one client in one round.
@@ -38,16 +53,8 @@ class LocalTrainConfig:
     lr_decay: float = 1.0
 
     def validate(self, p: str) -> None:
-        check(self.epochs >= 1, f"{p}.epochs", self.epochs, "an integer >= 1")
-        if self.steps is not None:
-            check(self.steps >= 1, f"{p}.steps", self.steps, "null or an integer >= 1")
-        check(self.batch_size >= 1, f"{p}.batch_size", self.batch_size, "an integer >= 1")
-        one_of(f"{p}.optimizer", self.optimizer, OPTIMIZERS)
-        check(self.lr > 0, f"{p}.lr", self.lr, "a number > 0")
+        check_optimization(self, p)
         check(0 <= self.momentum < 1, f"{p}.momentum", self.momentum, "a number in [0, 1)")
-        check(self.weight_decay >= 0, f"{p}.weight_decay", self.weight_decay, "a number >= 0")
-        if self.grad_clip is not None:
-            check(self.grad_clip > 0, f"{p}.grad_clip", self.grad_clip, "null or a number > 0")
         check(0 < self.lr_decay <= 1, f"{p}.lr_decay", self.lr_decay, "a number in (0, 1]")
 
     def lr_at(self, round_: int) -> float:
