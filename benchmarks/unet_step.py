@@ -6,7 +6,8 @@ present (``--device auto``: CUDA when available).
 Sizes (``--size``):
 
 - ``paper`` (default): the paper's MNIST UNet ``mnist_paper`` (11.8 M parameters) on 1x28x28, Adam
-  lr 2e-4, T = 500, batch ``--batch`` (default 4; the paper's: 128);
+  lr 2e-4, T = 500, batch ``--batch`` (default 4; the paper's: 128), the sampler's batch 256 on CUDA
+  and the train batch on the CPU (a forward of this net at 256 takes 10-30 s there);
 - ``smoke``, ``mnist5k``: the diffusion track of ``conf/study/fedddpm_smoke.yaml`` and
   ``conf/study/fedddpm_mnist5k.yaml``, read from the study's params as ``dvc exp run -S
   study=<study>`` composes them (:func:`fedpipe.estimate.compose`, on a copy of ``conf/``): the UNet
@@ -42,8 +43,8 @@ elementwise updates and the norms are not counted), each arm's rate is GFLOP / i
 saves over ``lean``. Last line: ``speedup X`` = task time / lean time (how much slower the task path
 is than the hand-written step; 1.0 = no overhead left).
 
-    python benchmarks/unet_step.py [--size paper|smoke|mnist5k] [--batch N] [--steps 20]
-        [--repeats 5] [--device auto|cpu|cuda] [--compile] [--threads 1]
+    python benchmarks/unet_step.py [--size paper|smoke|mnist5k] [--batch N] [--sample-batch N]
+        [--steps 20] [--repeats 5] [--device auto|cpu|cuda] [--compile] [--threads 1]
 
 ``--quick``: on the CPU whatever the device (no compiled arm), ``--size smoke`` unless another size is
 named (the small ``digits_small`` UNet on 1x8x8), batch 2, a sampler batch of 8, one timed call per
@@ -99,9 +100,11 @@ class Size:
     unet_kwargs: dict = field(default_factory=dict)
 
 
-def paper_size(batch: int | None) -> Size:
-    return Size("paper", "the paper's MNIST UNet", "mnist_paper", (1, 28, 28), batch or 4, 2e-4,
-                LocalTrainConfig(optimizer="adam"), DiffusionTask(num_train_timesteps=500), 256)
+def paper_size(batch: int | None, on_cuda: bool) -> Size:
+    batch = batch or 4
+    return Size("paper", "the paper's MNIST UNet", "mnist_paper", (1, 28, 28), batch, 2e-4,
+                LocalTrainConfig(optimizer="adam"), DiffusionTask(num_train_timesteps=500),
+                256 if on_cuda else batch)
 
 
 def study_size(name: str, batch: int | None) -> Size:
@@ -261,7 +264,7 @@ def first_calls_warm(args: argparse.Namespace, cache: str) -> dict[str, float]:
     compiled arms' first calls there."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--size", args.size, "--device",
            args.device, "--threads", str(args.threads), "--batch", str(args.batch_used),
-           "--first-calls-only"]
+           "--sample-batch", str(args.sample_batch_used), "--first-calls-only"]
     out = subprocess.run(cmd, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -276,6 +279,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                          "track of conf/study/fedddpm_<size>.yaml, at its batch")
     ap.add_argument("--batch", type=int, default=None,
                     help="train batch (default: the size's; paper: 4, the paper's own is 128)")
+    ap.add_argument("--sample-batch", type=int, default=None,
+                    help="the sampler forward's batch (default: the study's fid.batch_size; paper: "
+                         "256 on CUDA, the train batch on the CPU)")
     ap.add_argument("--steps", type=int, default=None,
                     help="timed calls per arm and repeat (default on the CPU: paper 3, smoke 20, "
                          "mnist5k 3; on CUDA 20)")
@@ -293,16 +299,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="CPU, --size smoke (digits_small on 1x8x8) unless named, batch 2, 1 call")
     args = ap.parse_args(argv)
-    for name in ("batch", "steps", "repeats"):
+    for name in ("batch", "sample_batch", "steps", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup is not None and args.warmup < 0:
         ap.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.threads < 0:
         ap.error(f"--threads must be >= 0, got {args.threads}")
     if args.quick:
         args.size = args.size or "smoke"
-        args.batch, args.steps, args.repeats, args.warmup, args.compile = 2, 1, 1, 0, False
+        args.batch, args.sample_batch, args.steps, args.repeats, args.warmup, args.compile = \
+            2, 8, 1, 1, 0, False
         print(f"[quick] on the CPU (--device {args.device} asked; no compiled arm), --size "
               f"{args.size}, batch 2, a sampler batch of 8, 1 call per arm")
         args.device = "cpu"
@@ -323,10 +330,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device, "--device")
     on_cuda = device.type == "cuda"
-    size = paper_size(args.batch) if args.size == "paper" else study_size(args.size, args.batch)
-    if args.quick:
-        size = Size(**{**size.__dict__, "sample_batch": 8})
-    args.batch_used = size.batch
+    size = paper_size(args.batch, on_cuda) if args.size == "paper" else \
+        study_size(args.size, args.batch)
+    if args.sample_batch:
+        size = Size(**{**size.__dict__, "sample_batch": args.sample_batch})
+    args.batch_used, args.sample_batch_used = size.batch, size.sample_batch
     steps, repeats = (20, 3) if on_cuda else CPU_STEPS[args.size]
     args.steps, args.repeats = args.steps or steps, args.repeats or repeats
     args.warmup = args.warmup if args.warmup is not None else (5 if on_cuda else 1)
