@@ -993,3 +993,46 @@ def test_the_results_tables_are_generated_from_claims_json(tmp_path, capsys):
     assert docs.update(md, runs)[0] == text  # idempotent
     assert main(["--markdown", str(runs / "a_smoke.claims.json")]) == 0
     assert "smaller than the paper's" in capsys.readouterr().out
+
+
+def test_the_sequential_tables_are_generated_from_sequential_json(tmp_path):
+    """A `<!-- sequential: <study> -->` block is rewritten from docs/runs/<study>.sequential.json:
+    the design, one row per look, every claim's verdict with the look it was decided at; a record
+    of a run that has not reached its last look says so; a missing record is named."""
+    from fedpipe.claims import docs
+
+    d = {"looks": [3, 6], "alpha": 0.05, "spending": "OBF", "spending_level_at_alpha": 0.045,
+         "z_boundaries_at_alpha": [2.9, 1.8], "nominal_p_at_alpha": [0.002, 0.036]}
+
+    def claim(key, mean, se, status, n_decided, family="paper"):
+        return {"key": key, "paper": "P (X 2020)", "family": family, "claim": f"{key} wins",
+                "direction": "higher", "n": 6, "mean": mean, "se": se, "df": 5.0,
+                "threshold": None, "status": status, "n_decided": n_decided, "t_bound": 2.5,
+                "p": 0.01, "nominal_p": 0.02}
+
+    looks = [{"n": 3, "seconds": 100.4, "stages_run": ["plan", "a@2"], "claims": []},
+             {"n": 6, "seconds": 250.0, "stages_run": ["plan", "a@3", "a@4", "a@5"],
+              "claims": [claim("a", 3.0, 1.5, "held", 3), claim("b", -1.0, 0.5, "not shown", None),
+                         claim("c", 0.5, 0.25, "open", None, family="ordering")]}]
+    record = {"study": "s", "overrides": ["-S fl.rounds=2"], "design": d, "looks": looks,
+              "stopped": "maximum replicates reached", "seconds": 1234.5}
+    runs = tmp_path / "runs"
+    write_json(runs / "s.sequential.json", record)
+    md = tmp_path / "results.md"
+    md.write_text("<!-- sequential: s -->\nold\n<!-- /sequential -->\n"
+                  "<!-- sequential: t -->\n<!-- /sequential -->\n")
+    text, needed = docs.update(md, runs)
+    assert needed == ["t (sequential)"] and "old" not in text
+    assert "Stopped: maximum replicates reached, after 1,234 s." in text
+    assert "| 1 | 3 | 100 | 2 |\n| 2 | 6 | 250 | 4 |" in text
+    assert "**P (X 2020)**: 1 of 2 held, 0 contradicted at n = 6." in text
+    assert "| a wins | 6 | +3 ± 1.5 | 2.00 | 2.50 | 0.01 | 0.02 | **held** at n = 3 |" in text
+    assert "| b wins | 6 | -1 ± 0.5 | -2.00 | 2.50 | 0.01 | 0.02 | not shown at n = 6 |" in text
+    assert "**P (X 2020) · orderings among baselines and controls**: 0 of 1 held" in text
+    assert "Overrides: `-S fl.rounds=2`." in text
+    assert "No sequential record of t on disk" in text
+    md.write_text(text)
+    assert docs.update(md, runs)[0] == text  # idempotent
+    record["stopped"], record["looks"] = None, looks[:1]
+    write_json(runs / "s.sequential.json", record)
+    assert "still running after look 1 of 2" in docs.update(md, runs)[0]

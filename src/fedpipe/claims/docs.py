@@ -4,7 +4,12 @@
 (``make smoke`` names them after the studies) to ``docs/runs/<study>.claims.json`` where one exists,
 and rewrites every block of docs/results.md between ``<!-- claims: <study> -->`` and
 ``<!-- /claims -->`` from that file, or, without one, with a line saying the study needs a re-run.
-``python -m fedpipe.claims --markdown <claims.json> ...`` prints the same tables."""
+``python -m fedpipe.claims --markdown <claims.json> ...`` prints the same tables.
+
+A block between ``<!-- sequential: <study> -->`` and ``<!-- /sequential -->`` is rewritten the same way
+from ``docs/runs/<study>.sequential.json``, the record ``python -m fedpipe.sequential`` writes
+(``--json``): the design, one row per look (replicates, seconds, stages DVC ran) and the verdict of
+every claim at the last look, with the look it was decided at."""
 
 from __future__ import annotations
 
@@ -16,8 +21,8 @@ from typing import Any
 from fedpipe.claims import _by_family, resolution_text, summary, summary_line
 
 RUNS_DIR = Path("docs/runs")
-BLOCK = re.compile(r"(<!-- claims: (?P<study>[A-Za-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /claims -->)",
-                   re.S)
+BLOCK = re.compile(r"(<!-- (?P<kind>claims|sequential): (?P<study>[A-Za-z0-9_.]+) -->\n)(?P<body>.*?)"
+                   r"(?P<end><!-- /(?P=kind) -->)", re.S)
 
 
 def _num(x: float | None) -> str:
@@ -79,6 +84,63 @@ def markdown(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _seq_verdict(v: Mapping[str, Any], n_last: int) -> str:
+    st = v["status"]
+    if st in ("held", "contradicted"):
+        return f"**{st}** at n = {v['n_decided']}"
+    if st == "not evaluated":
+        return f"not evaluated ({v.get('reason', 'no test')})"
+    return f"{st} at n = {n_last}"
+
+
+def sequential_markdown(record: Mapping[str, Any]) -> list[str]:
+    """The design, the looks and every claim's sequential verdict from a sequential.json record
+    (:func:`fedpipe.sequential.run`); a record whose run has not reached its last look says so."""
+    d, looks = record["design"], record.get("looks", [])
+    z = ", ".join(f"{x:.3g}" for x in d["z_boundaries_at_alpha"])
+    p = ", ".join(f"{x:.3g}" for x in d["nominal_p_at_alpha"])
+    over = " ".join(f"`{o}`" for o in record.get("overrides", []))
+    lines = [f"Design: looks at {d['looks']} replicates, one-sided α = {d['alpha']} per paper and "
+             f"family, {d['spending']} (spending level {d['spending_level_at_alpha']:.4g}, "
+             f"calibrated); z boundaries at α {z} (nominal p {p})."
+             + (f" Overrides: {over}." if over else "")]
+    if not looks:
+        return lines + ["", "No look has finished yet."]
+    stopped = record.get("stopped") or (f"still running after look {len(looks)} of "
+                                        f"{len(d['looks'])}: the verdicts are those so far")
+    lines += ["", f"Stopped: {stopped}, after {record.get('seconds', 0):,.0f} s.", "",
+              "| look | replicates | seconds | stages run |", "|---|---|---|---|"]
+    for j, look in enumerate(looks):
+        ran = look.get("stages_run", [])
+        lines.append(f"| {j + 1} | {look['n']} | {look['seconds']:,.0f} | {len(ran)} |")
+    last = looks[-1]
+    n_last = last["n"]
+    by_family: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for c in last["claims"]:
+        by_family.setdefault((c["paper"], c["family"]), []).append(c)
+    for (paper, family), cs in by_family.items():
+        label = paper if family == "paper" else f"{paper} · orderings among baselines and controls"
+        counts = {s: sum(c["status"] == s for c in cs) for s in ("held", "contradicted")}
+        lines += ["", f"**{label}**: {counts['held']} of {len(cs)} held, {counts['contradicted']} "
+                      f"contradicted at n = {n_last}.", "",
+                  "| claim | n | difference ± SE (positive = the paper's way) | t | t to cross | p "
+                  "| nominal p | verdict |", "|---|---|---|---|---|---|---|---|"]
+        for c in cs:
+            diff = "—" if c.get("mean") is None else _num(c["mean"])
+            if c.get("se") is not None and c.get("mean") is not None:
+                diff += f" ± {c['se']:.2g}"
+            shift = (c.get("threshold") or 0.0) if c["direction"] == "at_least" else 0.0
+            t = ("TOST" if c["direction"] == "match" else
+                 f"{(c['mean'] + shift) / c['se']:.2f}" if c.get("se") and c.get("mean") is not None
+                 else "—")
+            bound = "—" if c.get("t_bound") is None else f"{c['t_bound']:.2f}"
+            pv = "—" if c.get("p") is None else f"{c['p']:.2g}"
+            lvl = "—" if c.get("nominal_p") is None else f"{c['nominal_p']:.2g}"
+            lines.append(f"| {c['claim']} | {c['n']} | {diff} | {t} | {bound} | {pv} | {lvl} | "
+                         f"{_seq_verdict(c, n_last)} |")
+    return lines
+
+
 def missing(study: str, runs: Path) -> list[str]:
     return [f"No claims.json of {study} on disk ({runs / f'{study}.claims.json'}): this study needs "
             f"a re-run under the current claims (`dvc exp run -S study={study}`, then `make "
@@ -94,13 +156,19 @@ def update(md_path: Path, runs: Path = RUNS_DIR) -> tuple[str, list[str]]:
 
     def fill(m: re.Match) -> str:
         study = m["study"]
-        path = runs / f"{study}.claims.json"
+        path = runs / f"{study}.{'claims' if m['kind'] == 'claims' else 'sequential'}.json"
         if path.is_file():
-            body = markdown(read_json(path))
+            doc = read_json(path)
+            body = markdown(doc) if m["kind"] == "claims" else sequential_markdown(doc)
+        elif m["kind"] == "sequential":
+            needed.append(f"{study} (sequential)")
+            body = [f"No sequential record of {study} on disk ({path}): `python -m "
+                    f"fedpipe.sequential {study} ... --json {path}`."]
         else:
             needed.append(study)
             body = missing(study, runs)
         return (m.group(1) + "<!-- generated by `make claims-docs` from "
-                f"{path.as_posix()}: do not edit -->\n" + "\n".join(body) + "\n" + m.group(4))
+                f"{path.as_posix()}: do not edit -->\n" + "\n".join(body) + "\n"
+                + m["end"])
 
     return BLOCK.sub(fill, text), needed
