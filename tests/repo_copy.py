@@ -18,6 +18,16 @@ def sh(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> subprocess.C
     return proc
 
 
+def stages_ran(stdout: str) -> set[str]:
+    """The stages a ``dvc repro`` / ``dvc exp run`` output says it ran."""
+    return {ln.split("'")[1] for ln in stdout.splitlines() if ln.startswith("Running stage '")}
+
+
+def repro(cwd: Path, env: dict) -> set[str]:
+    """``dvc repro`` in ``cwd`` (the test's interpreter's DVC); the stages it ran."""
+    return stages_ran(sh([str(BIN / "dvc"), "repro"], cwd, env).stdout)
+
+
 def copy_repo(dst: Path) -> dict:
     """Copy the project into ``dst`` (not yet a git repo); return the environment to run DVC in."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import repo_copy
 import torch
 import yaml
+from repo_copy import sh
 
 from fedpipe.config import ConfigError
 from fedpipe.io import md5_file, save_tensors
@@ -94,13 +95,10 @@ def test_dvc_reruns_a_backbone_reader_only_when_the_file_changes(tmp_path):
            "OMP_NUM_THREADS": "1"}
 
     def run(*cmd: str) -> str:
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc.stdout
+        return sh(list(cmd), tmp_path, env).stdout
 
     def repro() -> set[str]:
-        return {ln.split("'")[1] for ln in run(dvc, "repro").splitlines()
-                if ln.startswith("Running stage '")}
+        return repo_copy.repro(tmp_path, env)
 
     run("git", "init", "-q")
     run(dvc, "init", "-q")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from repo_copy import BIN, commit_all, copy_repo, sh
+from repo_copy import BIN, commit_all, copy_repo, sh, stages_ran
 from test_readme_tour import section_commands
 
 pytestmark = pytest.mark.slow
@@ -49,8 +49,7 @@ def shrink_diffusion_track(dst: Path) -> None:
 
 
 def ran(proc: subprocess.CompletedProcess) -> set[str]:
-    return {line.split("'")[1] for line in proc.stdout.splitlines()
-            if line.startswith("Running stage '")}
+    return stages_ran(proc.stdout)
 
 
 def test_repro_outputs_then_nothing_reruns(workdir):

@@ -6,14 +6,15 @@ bit for bit; adding a seed to ``study.seeds`` runs only the new replicate's stag
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import repo_copy
 import torch
 import yaml
 from fakes import STAND_IN_OUTPUTS, default_params, with_changes
+from repo_copy import sh
 
 from fedpipe.io import load_tensors
 from fedpipe.pipeline.inputs import partition_file
@@ -207,13 +208,10 @@ def test_adding_a_seed_runs_only_the_new_replicate(tmp_path):
     env = pipeline_copy(tmp_path, [0])
 
     def run(*cmd: str) -> str:
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc.stdout
+        return sh(list(cmd), tmp_path, env).stdout
 
     def repro() -> set[str]:
-        return {ln.split("'")[1] for ln in run(dvc, "repro").splitlines()
-                if ln.startswith("Running stage '")}
+        return repo_copy.repro(tmp_path, env)
 
     run("git", "init", "-q")
     run(dvc, "init", "-q")
