@@ -174,9 +174,10 @@ def test_every_study_composes_a_section_for_each_of_its_methods_and_restates_no_
     composed = json.loads(proc.stdout.splitlines()[-1])
     assert sorted(composed) == studies
     # the single keys a stage lists (``fid.extractor``; tests/test_dvc_params.py) are in every study
-    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].values()
-    dotted = {p for st in stages for p in st.get("params") or []
-              if isinstance(p, str) and "." in p and "${" not in p}
+    from fedpipe.pipeline.stage_params import METHOD_SECTION, STAGE_PARAMS
+
+    dotted = {p for keys in STAGE_PARAMS.values() for p in keys
+              if "." in p and p != METHOD_SECTION}
     assert dotted
     for study, (methods, sections, keys) in composed.items():
         assert sorted(set(methods)) == sections, study

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from fedpipe.config.diffusion import FIDConfig
+from fedpipe.pipeline.stage_params import STAGE_PARAMS
 
 REPO = Path(__file__).resolve().parents[1]
 NARROWED = {  # stage -> section -> its config class
@@ -30,9 +31,8 @@ NARROWED = {  # stage -> section -> its config class
 
 
 def stage_params(stage: str) -> list[str]:
-    """The ``params:`` of ``stage`` in dvc.yaml, as written."""
-    body = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
-    return [p for p in body.get("params") or [] if isinstance(p, str)]
+    """What ``stage`` reads, as its params file lists it (fedpipe.pipeline.stage_params)."""
+    return list(STAGE_PARAMS[stage])
 
 
 def listed_keys(stage: str, section: str) -> set[str]:

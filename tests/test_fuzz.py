@@ -829,7 +829,7 @@ def test_dvc_commands_hold_no_params():
 @pytest.mark.slow
 def test_dvc_repro_never_runs_a_param_as_shell(tmp_path):
     """``study.algorithms: ["x;touch PWNED;#"]`` with a matching ``algorithms`` key: ``dvc repro``
-    of the real federate stages (their matrix, cmd and params from dvc.yaml) creates no file; the
+    of the real federate stages (their matrix and cmd from dvc.yaml) creates no file; the
     stage itself refuses the name in one line."""
     import shutil
 
@@ -838,8 +838,7 @@ def test_dvc_repro_never_runs_a_param_as_shell(tmp_path):
     stages = {}
     for name in ("federate", "federate_ddpm"):
         s = dvc["stages"][name]
-        stages[name] = {"matrix": s["matrix"], "cmd": s["cmd"], "params": s["params"],
-                        "deps": [f"stages/{name}.py"]}
+        stages[name] = {"matrix": s["matrix"], "cmd": s["cmd"], "deps": [f"stages/{name}.py"]}
     (tmp_path / "stages").mkdir()
     for name in stages:
         shutil.copy(REPO / "stages" / f"{name}.py", tmp_path / "stages")

@@ -16,6 +16,7 @@ from fedpipe.pipeline.skip import (
     skip_if_unused,
     stage_outputs,
 )
+from fedpipe.pipeline.stage_params import STAGE_PARAMS
 
 
 def params(algorithms, diffusion, **algo_sections):
@@ -60,7 +61,8 @@ def test_server_data_plan_holds_the_kinds_and_ignores_other_settings(tmp_path, r
     assert json.loads((tmp_path / SERVER_DATA_PLAN).read_text()) == {}
     stage = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["server_data"]
     assert str(SERVER_DATA_PLAN) in [d.split("#")[0].strip() for d in stage["deps"]]
-    assert stage["params"] == ["dataset"]
+    assert "params" not in stage and STAGE_PARAMS["server_data"] == ("dataset",)
+    assert "data/plan/params/server_data.json" in [d.split("#")[0].strip() for d in stage["deps"]]
 
 
 def test_stage_outputs_reads_every_declared_output(repo_root):
@@ -149,3 +151,71 @@ def test_plan_checks_every_section_before_any_stage_computes(tmp_path, section, 
     params[section][key] = value
     with pytest.raises(ConfigError, match=rf"{section}\.{key}"):
         check_every_section(params, check_study(params))
+
+
+def test_each_stage_reads_its_params_from_one_file_the_plan_writes(tmp_path, repo_root):
+    """issue 43: a stage's params are one file (data/plan/params/<stage>.json, per method for the
+    training stages), not values in its dvc.lock entry. The plan writes the values each stage reads;
+    the same params give the same bytes; a change re-writes exactly the files of the stages that read
+    the changed value; a method's section reaches its own training stages' files only. In dvc.yaml
+    every stage but plan depends on its file and lists no params, and plan lists every section any
+    stage reads (so that `dvc params diff` / `dvc exp show` show every param)."""
+    from fakes import default_params
+
+    from fedpipe.pipeline.stage_params import PARAMS_DIR, PER_METHOD, PLAN_SECTIONS, stage_params_file
+
+    base = default_params()
+    base["study"] |= {"algorithms": ["fedavg", "fedprox"], "diffusion_algorithms": ["fedavg"]}
+    write_plan(base, tmp_path)
+
+    def snapshot():
+        return {p.relative_to(tmp_path / PARAMS_DIR).as_posix(): p.read_bytes()
+                for p in sorted((tmp_path / PARAMS_DIR).rglob("*.json"))}
+
+    first = snapshot()
+    assert set(first) == ({f"{s}.json" for s in STAGE_PARAMS if s not in PER_METHOD}
+                          | {"federate/fedavg.json", "federate/fedprox.json",
+                             "federate_ddpm/fedavg.json"})
+    fed = json.loads(first["federate/fedprox.json"])
+    assert fed["fl"] == base["fl"] and fed["algorithms.fedprox"] == base["algorithms"]["fedprox"]
+    assert set(fed) == {"dataset", "model", "fl", "algorithms.fedprox", "device", "accel"}
+    fe = json.loads(first["feature_extractor.json"])
+    assert fe["fid.extractor"] == base["fid"]["extractor"] and "fid" not in fe
+    write_plan(base, tmp_path)
+    assert snapshot() == first  # byte-identical: nothing downstream re-runs
+
+    def changed(**edit) -> set[str]:
+        p = json.loads(json.dumps(base))
+        for dotted, value in edit.items():
+            *path, last = dotted.split("__")
+            node = p
+            for part in path:
+                node = node[part]
+            node[last] = value
+        write_plan(p, tmp_path)
+        now = snapshot()
+        write_plan(base, tmp_path)
+        return {k for k in now if now[k] != first.get(k)}
+
+    assert changed(fl__rounds=base["fl"]["rounds"] + 1) == {
+        "backbone.json", "federate/fedavg.json", "federate/fedprox.json"}
+    assert changed(algorithms__fedprox=base["algorithms"]["fedprox"] | {"mu": 0.123}) == {
+        "federate/fedprox.json", "report.json"}
+    assert changed(fid__classifier_epochs=base["fid"]["classifier_epochs"] + 1) == {
+        "feature_extractor.json", "aux_quality.json", "federate_ddpm/fedavg.json"}
+    # a method leaving the study takes its file with it
+    write_plan(base | {"study": base["study"] | {"algorithms": ["fedavg"]}}, tmp_path)
+    assert not (tmp_path / stage_params_file("federate", "fedprox")).exists()
+
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    assert set(stages) == set(STAGE_PARAMS) | {"plan"}
+    for name, body in stages.items():
+        if name == "plan":
+            continue
+        assert "params" not in body, name
+        want = (stage_params_file(name, "${item.algorithm}") if name in PER_METHOD
+                else stage_params_file(name)).as_posix()
+        assert want in [d.split("#")[0].strip() for d in body["deps"]], name
+    assert stages["plan"]["params"] == list(PLAN_SECTIONS)
+    assert {k.split(".")[0] for ks in STAGE_PARAMS.values() for k in ks} <= set(PLAN_SECTIONS)
+    assert PARAMS_DIR.as_posix() in [o.split("#")[0].strip() for o in stages["plan"]["outs"]]

@@ -38,6 +38,9 @@ adds its own replicate's stages, ``warmup@<seed>`` ...; the others stay cached).
   Each stage depends on its own file instead of listing the code as deps, which kept ``dvc.lock``
   small; the ``always_changed`` plan stage re-hashes the code on every run, so an edit re-runs
   exactly the stages that import it.
+- ``data/plan/params/<stage>.json`` (``<stage>/<algorithm>.json`` for a training stage): the values
+  of the params the stage reads (:mod:`fedpipe.pipeline.stage_params`), its one params dep, for the
+  same reason: a small ``dvc.lock``.
 
 A skipped stage still runs (a second or two) and writes placeholders: :mod:`fedpipe.pipeline.skip`.
 """
@@ -52,6 +55,7 @@ from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, write_json
 from fedpipe.pipeline.code import write_stage_code
 from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN, SERVER_DATA_PLAN
+from fedpipe.pipeline.stage_params import write_stage_params
 
 DDPM_TRACK_PLAN = Path("data/federate_ddpm/plan.json")
 DIFFUSION_STAGES = ("feature_extractor", "warmup", "generate", "aux_quality")
@@ -212,5 +216,6 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
     from fedpipe.algorithms import ALGORITHMS
 
     write_stage_code(root, study=study, methods=ALGORITHMS)
+    write_stage_params(root, params, study)
     return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
             "inputs": inputs, "backbone": backbone["users"]}

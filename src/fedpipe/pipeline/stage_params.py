@@ -1,0 +1,105 @@
+"""The params each DVC stage reads, as one small file per stage: ``data/plan/params/<stage>.json``.
+
+A stage must re-run when a param it reads changes. Listing the params in ``dvc.yaml`` (``params:
+[dataset, model, fl, ...]``) makes DVC write every value of every listed section into the stage's
+``dvc.lock`` entry: about 80 of a federate stage's 88 lines. DVC re-reads and re-writes the whole lock
+after every stage it runs, so that cost grows with the study: at 300 stages of 88 lines the lock is
+26,000 lines and one load and dump of it took 6.5 s on the 2-core machine, against 0.85 s for 300
+entries of one dep and one out (issue 43; ``benchmarks/stage_overhead.py``). So the way code is handled
+(:mod:`fedpipe.pipeline.code`) is the way params are handled: the always-run ``plan`` stage writes,
+for each stage, the values of the sections and keys :data:`STAGE_PARAMS` names (JSON, sorted keys),
+and the stage depends on that one file. A training stage has one file per method
+(``data/plan/params/federate/<method>.json``: the shared sections and ``algorithms.<method>``), so a
+change to one method's section re-runs that method's stages only, as before. A change to any value a
+stage reads changes its file and re-runs it; an unchanged params.yaml leaves every file
+byte-identical, so nothing re-runs.
+
+``plan`` itself lists every top-level section as its params (:data:`PLAN_SECTIONS`), so ``dvc params
+diff`` and ``dvc exp show`` still show every param that varies between experiments; its one lock
+entry holds them once. ``dvc status`` sees a params edit once ``plan`` has run (``dvc repro`` runs it
+first), as for code.
+
+A key a stage lists that the params lack is written as ``null`` (DVC stopped at such a stage when
+it listed the key itself).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fedpipe.io import write_json
+
+PARAMS_DIR = Path("data/plan/params")
+METHOD_SECTION = "algorithms.{algorithm}"
+"""The placeholder of a per-method stage's own method section."""
+
+STAGE_PARAMS: dict[str, tuple[str, ...]] = {
+    "partition": ("dataset", "partition"),
+    "backbone": ("dataset", "model", "fl", "device", "accel"),
+    "server_data": ("dataset",),
+    "federate": ("dataset", "model", "fl", METHOD_SECTION, "device", "accel"),
+    "evaluate": ("seed", "dataset", "model", "study"),
+    "feature_extractor": ("seed", "dataset", "fid.extractor", "fid.inception_weights",
+                          "fid.batch_size", "fid.classifier", "fid.classifier_epochs",
+                          "fid.classifier_lr", "fid.classifier_batch_size", "device", "accel"),
+    "warmup": ("dataset", "diffusion", "warmup", "device", "accel"),
+    "generate": ("dataset", "diffusion", "warmup", "generate", "device", "accel"),
+    "aux_quality": ("dataset", "diffusion", "generate", "fid", "device", "accel"),
+    "federate_ddpm": ("dataset", "diffusion", "diffusion_fl", "fid", METHOD_SECTION, "device",
+                      "accel"),
+    "report": ("seed", "dataset", "partition", "study", "algorithms"),
+}
+"""The sections (``fl``) and single keys (``fid.extractor``) each stage reads. A stage that lists
+single keys of a section reads no other key of it (``tests/test_dvc_params.py``)."""
+
+PER_METHOD = {"federate": "algorithms", "federate_ddpm": "diffusion_algorithms"}
+"""The stages with one params file per method, and the ``study`` list of their methods."""
+
+PLAN_SECTIONS = ("study", "algorithms", "seed", "dataset", "partition", "model", "fl", "device",
+                 "accel", "diffusion", "warmup", "generate", "fid", "diffusion_fl")
+"""The top-level sections the ``plan`` stage lists as its params in dvc.yaml: every section any
+stage reads (tested), so that DVC shows every param."""
+
+
+def stage_params_file(stage: str, method: str | None = None) -> Path:
+    """``data/plan/params/<stage>.json``, or ``<stage>/<method>.json`` for a per-method stage."""
+    return PARAMS_DIR / stage / f"{method}.json" if method is not None else PARAMS_DIR / f"{stage}.json"
+
+
+def _lookup(params: dict[str, Any], dotted: str) -> Any:
+    node: Any = params
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def stage_values(params: dict[str, Any], stage: str, method: str | None = None) -> dict[str, Any]:
+    """{key: value} of what ``stage`` (for ``method``) reads: the content of its params file."""
+    keys = [k.format(algorithm=method) if k == METHOD_SECTION else k for k in STAGE_PARAMS[stage]]
+    return {k: _lookup(params, k) for k in keys}
+
+
+def write_stage_params(root: str | Path, params: dict[str, Any], study: Any) -> list[Path]:
+    """Write every stage's params file under ``root`` for ``study`` (a ``StudyConfig``): one per
+    stage, one per method of a per-method stage (the folder holds exactly the study's methods);
+    the same values give the same bytes (``write_json``: sorted keys). Returns the files."""
+    root = Path(root)
+    written = []
+    for stage in STAGE_PARAMS:
+        if stage in PER_METHOD:
+            folder = root / PARAMS_DIR / stage
+            folder.mkdir(parents=True, exist_ok=True)
+            methods = list(dict.fromkeys(getattr(study, PER_METHOD[stage])))
+            for stale in folder.glob("*.json"):
+                if stale.stem not in methods:
+                    stale.unlink()
+            targets = [(stage_params_file(stage, m), stage_values(params, stage, m)) for m in methods]
+        else:
+            targets = [(stage_params_file(stage), stage_values(params, stage))]
+        for rel, values in targets:
+            write_json(root / rel, values)
+            written.append(root / rel)
+    return written
