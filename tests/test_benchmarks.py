@@ -34,6 +34,7 @@ EXPECTED = {  # per benchmark, a line (regular expression, searched line by line
                   rf"ratio {N}; prototype step",
     "fedptr_cost": rf"^  FedPTR-S one-shot: 1 MTT updates, total {N} s vs FedAvg {N} s: x{N}$",
     "fid_noise": rf"^ +8 +{N} +{N} +{N}%  ",  # the 8-sample row of the table
+    "lock_size": rf"^lock load\+dump at N=10: params listed / fedpipe = x{N}$",
     "parallel_threads": rf"^speedup {N}$",
     "perada_cost": rf"^smoke scale \(2 clients .* KD / client work = {N}$",
     "pipeline_stages": rf"^ +{N} s +total \(2 stages, device \w+\)$",

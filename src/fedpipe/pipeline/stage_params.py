@@ -3,9 +3,10 @@
 A stage must re-run when a param it reads changes. Listing the params in ``dvc.yaml`` (``params:
 [dataset, model, fl, ...]``) makes DVC write every value of every listed section into the stage's
 ``dvc.lock`` entry: about 80 of a federate stage's 88 lines. DVC re-reads and re-writes the whole lock
-after every stage it runs, so that cost grows with the study: at 300 stages of 88 lines the lock is
-26,000 lines and one load and dump of it took 6.5 s on the 2-core machine, against 0.85 s for 300
-entries of one dep and one out (issue 43; ``benchmarks/stage_overhead.py``). So the way code is handled
+after every stage it runs, so that cost grows with the study: at 300 stages with the params listed
+the lock is 27,000 lines and one load and dump of it took 7.4 s on the 2-core machine, 4.4 s with
+the params in one file (16,000 lines), 0.95 s for 300 entries of one dep and one out
+(``benchmarks/lock_size.py``; the whole stage: ``benchmarks/stage_overhead.py``). So the way code is handled
 (:mod:`fedpipe.pipeline.code`) is the way params are handled: the always-run ``plan`` stage writes,
 for each stage, the values of the sections and keys :data:`STAGE_PARAMS` names (JSON, sorted keys),
 and the stage depends on that one file. A training stage has one file per method
