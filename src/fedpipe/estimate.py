@@ -145,6 +145,8 @@ from typing import Any
 
 import yaml
 
+from fedpipe.config.core import param_at as get  # params at a dotted key
+
 FID_SAMPLES = 32
 """Generated images per FID of the slice (final and curve)."""
 SAMPLE_STEPS = 2
@@ -160,16 +162,6 @@ ONCE_STAGES = ("plan", "feature_extractor", "evaluate", "report")
 
 
 # -- params --------------------------------------------------------------------------------------
-def get(params: dict[str, Any], key: str, default: Any = None) -> Any:
-    """``params`` at the dotted ``key`` (``default`` where a part is missing)."""
-    node: Any = params
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def has(params: dict[str, Any], key: str) -> bool:
     marker = object()
     return get(params, key, marker) is not marker

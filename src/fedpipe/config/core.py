@@ -48,6 +48,16 @@ def check_sections(params: dict[str, Any]) -> None:
             raise ConfigError(name, None, "a mapping (the composed section; {} for the defaults)")
 
 
+def param_at(params: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """``params`` at the dotted ``key`` (``fid.extractor``), ``default`` where a part is missing."""
+    node: Any = params
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
 def read_seed(params: dict[str, Any]) -> int:
     """The root ``seed``: it seeds only what every replicate shares (the FID feature extractor, the
     corrupted test sets); replicate r of ``study.seeds`` draws everything else from r

@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedpipe.config.core import param_at
 from fedpipe.io import write_json
 
 PARAMS_DIR = Path("data/plan/params")
@@ -68,19 +69,10 @@ def stage_params_file(stage: str, method: str | None = None) -> Path:
     return PARAMS_DIR / stage / f"{method}.json" if method is not None else PARAMS_DIR / f"{stage}.json"
 
 
-def _lookup(params: dict[str, Any], dotted: str) -> Any:
-    node: Any = params
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def stage_values(params: dict[str, Any], stage: str, method: str | None = None) -> dict[str, Any]:
     """{key: value} of what ``stage`` (for ``method``) reads: the content of its params file."""
     keys = [k.format(algorithm=method) if k == METHOD_SECTION else k for k in STAGE_PARAMS[stage]]
-    return {k: _lookup(params, k) for k in keys}
+    return {k: param_at(params, k) for k in keys}
 
 
 def write_stage_params(root: str | Path, params: dict[str, Any], study: Any) -> list[Path]:
