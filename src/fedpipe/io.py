@@ -68,6 +68,23 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
                + "\n")
 
 
+def write_json_folder(folder: str | os.PathLike, docs: Mapping[str, Any]) -> None:
+    """``folder/<rel>.json`` for each ``rel`` of ``docs`` (``rel`` may hold ``/``), and no other
+    ``*.json`` under ``folder``: a stale file goes, and a subfolder left empty with it. The folder
+    exists afterwards, also when ``docs`` is empty."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.rglob("*.json"):
+        if stale.relative_to(folder).with_suffix("").as_posix() not in docs:
+            stale.unlink()
+    for rel, doc in docs.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_json(folder / f"{rel}.json", doc)
+    for sub in folder.iterdir():
+        if sub.is_dir() and not any(sub.iterdir()):
+            sub.rmdir()
+
+
 def _finite_json(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None

@@ -54,6 +54,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from fedpipe import claims as claims_mod
+from fedpipe.claims.docs import t_text
 
 ALPHA = claims_mod.ALPHA
 SPENDING = "Lan-DeMets O'Brien-Fleming-type: a(t) = 2 (1 - Phi(z_{1-a/2} / sqrt(t)))"
@@ -428,10 +429,7 @@ def look_table(rows: Sequence[Row], verdicts: Mapping[str, Mapping[str, Any]], n
         text = (r.key if len(r.key) <= 58 else r.key[:55] + "...")
         mean = "—" if r.mean is None else f"{r.mean:+.4g}"
         se = "—" if r.se is None else f"{r.se:.3g}"
-        shift = (r.threshold or 0.0) if r.direction == "at_least" else 0.0
-        t = f"{(r.mean + shift) / r.se:.2f}" if r.se and r.mean is not None else "—"
-        if r.direction == "match":
-            t = "TOST"
+        t = t_text(r.direction, r.mean, r.se, r.threshold)
         bound = "—" if v.get("t_bound") is None else f"{v['t_bound']:.2f}"
         p = "—" if v.get("p") is None else f"{v['p']:.3g}"
         lvl = "—" if v.get("nominal_p") is None else f"{v['nominal_p']:.3g}"

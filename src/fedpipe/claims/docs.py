@@ -84,6 +84,18 @@ def markdown(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def t_text(direction: str, mean: float | None, se: float | None, threshold: float | None) -> str:
+    """A claim's t statistic as the sequential tables print it: ``TOST`` for a match claim (two
+    one-sided tests, no single t), the difference shifted by the threshold for an ``at_least``
+    claim, ``—`` without a test."""
+    if direction == "match":
+        return "TOST"
+    if not se or mean is None:
+        return "—"
+    shift = (threshold or 0.0) if direction == "at_least" else 0.0
+    return f"{(mean + shift) / se:.2f}"
+
+
 def _seq_verdict(v: Mapping[str, Any], n_last: int) -> str:
     st = v["status"]
     if st in ("held", "contradicted"):
@@ -129,10 +141,7 @@ def sequential_markdown(record: Mapping[str, Any]) -> list[str]:
             diff = "—" if c.get("mean") is None else _num(c["mean"])
             if c.get("se") is not None and c.get("mean") is not None:
                 diff += f" ± {c['se']:.2g}"
-            shift = (c.get("threshold") or 0.0) if c["direction"] == "at_least" else 0.0
-            t = ("TOST" if c["direction"] == "match" else
-                 f"{(c['mean'] + shift) / c['se']:.2f}" if c.get("se") and c.get("mean") is not None
-                 else "—")
+            t = t_text(c["direction"], c.get("mean"), c.get("se"), c.get("threshold"))
             bound = "—" if c.get("t_bound") is None else f"{c['t_bound']:.2f}"
             pv = "—" if c.get("p") is None else f"{c['p']:.2g}"
             lvl = "—" if c.get("nominal_p") is None else f"{c['nominal_p']:.2g}"

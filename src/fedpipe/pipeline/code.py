@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpipe.cli import CODE_DIR, STAGES_DIR, package_root
-from fedpipe.io import md5_file, write_json
+from fedpipe.io import md5_file, write_json_folder
 
 METHOD_LOOKUPS: dict[str, str | tuple[str, ...]] = {
     "federate": "algorithms",  # one code file per method of study.algorithms: its own
@@ -213,17 +213,6 @@ def write_stage_code(root: str | Path = ".", src: Path | None = None, study: Any
     """Write ``data/plan/code/<stage>.json`` (and ``<stage>/<method>.json``, :func:`stage_codes`)
     under ``root`` for every script ``stages/<stage>.py`` (and nothing else: a stale file goes);
     return them by their path relative to the folder, without ``.json``."""
-    root = Path(root)
-    folder = root / CODE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    codes = stage_codes(root, src, study, methods)
-    for stale in folder.rglob("*.json"):
-        if stale.relative_to(folder).with_suffix("").as_posix() not in codes:
-            stale.unlink()
-    for rel, files in codes.items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        write_json(folder / f"{rel}.json", files)
-    for sub in folder.iterdir():  # a stage's method folder left empty
-        if sub.is_dir() and not any(sub.iterdir()):
-            sub.rmdir()
+    codes = stage_codes(Path(root), src, study, methods)
+    write_json_folder(Path(root) / CODE_DIR, codes)
     return codes

@@ -52,7 +52,7 @@ from typing import Any
 
 from fedpipe.config.core import ConfigError, build
 from fedpipe.config.fl import StudyConfig
-from fedpipe.io import md5_file, write_json
+from fedpipe.io import md5_file, write_json, write_json_folder
 from fedpipe.pipeline.code import write_stage_code
 from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN, SERVER_DATA_PLAN
 from fedpipe.pipeline.stage_params import write_stage_params
@@ -206,12 +206,8 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
     write_json(root / BACKBONE_PLAN, backbone)
     write_json(root / DDPM_TRACK_PLAN, {"algorithms": list(study.diffusion_algorithms),
                                         "seeds": list(study.seeds)})
-    folder = root / INPUTS_DIR  # a folder output, also when empty: exactly this study's algorithms
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.json"):
-        stale.unlink()
-    for name, files in inputs.items():
-        write_json(folder / f"{name}.json", files)
+    # a folder output, also when empty: exactly this study's algorithms
+    write_json_folder(root / INPUTS_DIR, inputs)
     write_json(root / SERVER_DATA_PLAN, kinds)
     from fedpipe.algorithms import ALGORITHMS
 

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from fedpipe.config.core import param_at
-from fedpipe.io import write_json
+from fedpipe.io import write_json_folder
+from fedpipe.pipeline.code import METHOD_LOOKUPS
+from fedpipe.pipeline.code import PER_METHOD as METHOD_LISTS
 
 PARAMS_DIR = Path("data/plan/params")
 METHOD_SECTION = "algorithms.{algorithm}"
@@ -55,8 +57,9 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
 """The sections (``fl``) and single keys (``fid.extractor``) each stage reads. A stage that lists
 single keys of a section reads no other key of it (``tests/test_dvc_params.py``)."""
 
-PER_METHOD = {"federate": "algorithms", "federate_ddpm": "diffusion_algorithms"}
-"""The stages with one params file per method, and the ``study`` list of their methods."""
+PER_METHOD = {stage: lookups for stage, lookups in METHOD_LOOKUPS.items() if lookups in METHOD_LISTS}
+"""The stages with one params file per method, and the ``study`` list of their methods: those with
+one code file per method (:data:`fedpipe.pipeline.code.METHOD_LOOKUPS`)."""
 
 PLAN_SECTIONS = ("study", "algorithms", "seed", "dataset", "partition", "model", "fl", "device",
                  "accel", "diffusion", "warmup", "generate", "fid", "diffusion_fl")
@@ -75,24 +78,23 @@ def stage_values(params: dict[str, Any], stage: str, method: str | None = None) 
     return {k: param_at(params, k) for k in keys}
 
 
-def write_stage_params(root: str | Path, params: dict[str, Any], study: Any) -> list[Path]:
-    """Write every stage's params file under ``root`` for ``study`` (a ``StudyConfig``): one per
-    stage, one per method of a per-method stage (the folder holds exactly the study's methods);
-    the same values give the same bytes (``write_json``: sorted keys). Returns the files."""
-    root = Path(root)
-    written = []
+def stage_params_docs(params: dict[str, Any], study: Any) -> dict[str, dict[str, Any]]:
+    """Every stage's params file for ``study`` (a ``StudyConfig``), by its path under
+    :data:`PARAMS_DIR` without ``.json``: one per stage, one per method of a per-method stage."""
+    docs: dict[str, dict[str, Any]] = {}
     for stage in STAGE_PARAMS:
         if stage in PER_METHOD:
-            folder = root / PARAMS_DIR / stage
-            folder.mkdir(parents=True, exist_ok=True)
-            methods = list(dict.fromkeys(getattr(study, PER_METHOD[stage])))
-            for stale in folder.glob("*.json"):
-                if stale.stem not in methods:
-                    stale.unlink()
-            targets = [(stage_params_file(stage, m), stage_values(params, stage, m)) for m in methods]
+            for m in dict.fromkeys(getattr(study, PER_METHOD[stage])):
+                docs[f"{stage}/{m}"] = stage_values(params, stage, m)
         else:
-            targets = [(stage_params_file(stage), stage_values(params, stage))]
-        for rel, values in targets:
-            write_json(root / rel, values)
-            written.append(root / rel)
-    return written
+            docs[stage] = stage_values(params, stage)
+    return docs
+
+
+def write_stage_params(root: str | Path, params: dict[str, Any], study: Any) -> dict[str, Any]:
+    """Write every stage's params file under ``root`` (:func:`stage_params_docs`; the folder holds
+    exactly the study's files, and the same values give the same bytes: ``write_json`` sorts keys);
+    return them."""
+    docs = stage_params_docs(params, study)
+    write_json_folder(Path(root) / PARAMS_DIR, docs)
+    return docs
