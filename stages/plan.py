@@ -1,9 +1,10 @@
 """DVC stage `plan`: which stages the study uses (fedpipe.pipeline.plan); the diffusion-side stages
 depend on data/plan/diffusion.json and skip themselves when the study does not use them.
 
-Reads params: study, algorithms, and the files the study's algorithms name by path (hashed; the stage
-is always_changed). Writes data/plan/diffusion.json, data/plan/backbone.json,
-data/federate_ddpm/plan.json and data/plan/inputs/<algorithm>.json.
+Reads params: every section, the project's code and the files the study's algorithms name by path
+(hashed; the stage is always_changed). Writes data/plan/diffusion.json, data/plan/backbone.json,
+data/plan/server_data.json, data/federate_ddpm/plan.json and data/plan/stages/ (each stage's one
+plan dep: the code it runs and the params it reads).
 """
 
 from fedpipe.cli import run_stage

@@ -1,7 +1,7 @@
 """Each DVC stage re-runs when any code it runs changes (docs/architecture.md, "One code file per stage").
 
-Every stage but ``plan`` depends on ``data/plan/code/<stage>.json``, which the always-run ``plan``
-stage writes with the MD5 of every file the stage's script imports (:mod:`fedpipe.pipeline.code`, a
+Every stage but ``plan`` depends on ``data/plan/stages/<stage>.json``, whose ``code`` the always-run
+``plan`` stage writes with the MD5 of every file the stage's script imports (:mod:`fedpipe.pipeline.code`, a
 static ``ast`` walk of the imports). ``plan`` itself lists its code as deps, and those must cover the
 code it runs: the file itself or a folder that contains it. Otherwise an edit leaves ``dvc repro``
 calling a stale result up to date. The walker is tested here on a package made for the purpose.
@@ -19,11 +19,13 @@ import pytest
 import yaml
 
 from fedpipe.algorithms import ALGORITHMS
-from fedpipe.cli import CODE_DIR, check_loaded_code, stage_code_file
+from fedpipe.cli import STAGE_FILES_DIR, check_loaded_code, stage_file
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, read_json
-from fedpipe.pipeline.code import METHOD_LOOKUPS, code_closure, stage_code, write_stage_code
+from fedpipe.config import load_params
+from fedpipe.pipeline.code import METHOD_LOOKUPS, code_closure, stage_code, stage_codes
+from fedpipe.pipeline.plan import write_stage_files
 
 REPO = Path(__file__).resolve().parents[1]
 DVC_YAML = REPO / "dvc.yaml"
@@ -111,7 +113,7 @@ def test_plan_deps_cover_its_code() -> None:
     if missing:
         pytest.fail("dvc.yaml stage 'plan' runs code that no dep covers; add to its deps (a file, or "
                     "a folder that holds it):\n  - " + "\n  - ".join(missing), pytrace=False)
-    assert str(CODE_DIR) in [str(o).split("#")[0].strip() for o in STAGES["plan"]["outs"]]
+    assert str(STAGE_FILES_DIR) in [str(o).split("#")[0].strip() for o in STAGES["plan"]["outs"]]
 
 
 @pytest.mark.parametrize("stage", CODE_STAGES)
@@ -128,9 +130,9 @@ def test_stage_depends_on_its_code_file_and_lists_no_code(stage: str) -> None:
         METHOD_LOOKUPS[script.stem] != "study"
     if per_method:  # templated: the file of its own method
         every = [str(d) for d in body.get("deps")]
-        assert f"{CODE_DIR}/{script.stem}/${{item.algorithm}}.json" in every, (stage, every)
+        assert f"{STAGE_FILES_DIR}/{script.stem}/${{item.algorithm}}.json" in every, (stage, every)
     else:
-        assert f"{CODE_DIR}/{script.stem}.json" in deps, (stage, deps)
+        assert f"{STAGE_FILES_DIR}/{script.stem}.json" in deps, (stage, deps)
     direct = [d for d in deps if d.startswith(("src/", "stages/"))]
     assert not direct, f"stage {stage!r} lists code as deps: {direct}"
 
@@ -147,7 +149,15 @@ def repo_code(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     (root / "stages").mkdir()
     for script in (REPO / "stages").glob("*.py"):
         (root / "stages" / script.name).write_bytes(script.read_bytes())
-    return root, write_stage_code(root, SRC, STUDY, ALGORITHMS)
+    return root, write_codes(root, STUDY)
+
+
+def write_codes(root: Path, study: StudyConfig) -> dict[str, dict[str, str]]:
+    """The plan's stage files for ``study`` and this repository's params, written under ``root``;
+    their code by file."""
+    files = write_stage_files(root, load_params(REPO / "params.yaml"), study,
+                              {a: {} for a in study.algorithms}, SRC)
+    return {rel: f["code"] for rel, f in files.items()}
 
 
 def closure_md5(*files: Path) -> dict[str, str]:
@@ -169,7 +179,7 @@ def test_code_file_of_every_stage_holds_its_whole_closure_and_its_methods(repo_c
     expected |= {f"{s}/{m}" for s, ms in per_method.items() for m in ms}
     assert set(codes) == expected
     for rel, files in codes.items():
-        assert read_json(root / CODE_DIR / f"{rel}.json") == files
+        assert read_json(root / STAGE_FILES_DIR / f"{rel}.json")["code"] == files
         stage, _, method = rel.partition("/")
         script = REPO / "stages" / f"{stage}.py"
         lookups = METHOD_LOOKUPS.get(stage, ())
@@ -195,21 +205,21 @@ def test_a_study_change_removes_the_stale_method_files(repo_code, tmp_path) -> N
     root, _ = repo_code
     smaller = build(StudyConfig, {"algorithms": ["fedavg"], "diffusion_algorithms": [],
                                   "seeds": [0]}, "study")
-    codes = write_stage_code(root, SRC, smaller, ALGORITHMS)
-    on_disk = {p.relative_to(root / CODE_DIR).with_suffix("").as_posix()
-               for p in (root / CODE_DIR).rglob("*.json")}
+    codes = write_codes(root, smaller)
+    on_disk = {p.relative_to(root / STAGE_FILES_DIR).with_suffix("").as_posix()
+               for p in (root / STAGE_FILES_DIR).rglob("*.json")}
     assert on_disk == set(codes) and "federate/fedprox" not in on_disk
-    assert not (root / CODE_DIR / "federate_ddpm").exists()
-    write_stage_code(root, SRC, STUDY, ALGORITHMS)  # back, for the other tests
+    assert not (root / STAGE_FILES_DIR / "federate_ddpm").exists()
+    write_codes(root, STUDY)  # back, for the other tests
 
 
-def test_stage_code_file_names_the_method_file_of_a_training_stage(repo_code) -> None:
+def test_stage_file_names_the_method_file_of_a_training_stage(repo_code) -> None:
     root, _ = repo_code
-    assert stage_code_file("federate@fedprox-3", root) == root / CODE_DIR / "federate/fedprox.json"
-    assert stage_code_file("federate_ddpm@fedddpm-0", root) == \
-        root / CODE_DIR / "federate_ddpm/fedddpm.json"
-    assert stage_code_file("partition@3", root) == root / CODE_DIR / "partition.json"
-    assert stage_code_file("evaluate", root) == root / CODE_DIR / "evaluate.json"
+    d = root / STAGE_FILES_DIR
+    assert stage_file("federate@fedprox-3", root) == d / "federate/fedprox.json"
+    assert stage_file("federate_ddpm@fedddpm-0", root) == d / "federate_ddpm/fedddpm.json"
+    assert stage_file("partition@3", root) == d / "partition.json"
+    assert stage_file("evaluate", root) == d / "evaluate.json"
 
 
 def test_a_stage_that_loaded_a_method_its_file_does_not_name_is_caught(repo_code) -> None:
@@ -362,23 +372,19 @@ def test_stage_bodies_and_scripts() -> None:
 
 
 def test_code_files_change_exactly_for_the_stages_that_import_an_edit(toy: Path) -> None:
-    """An edit to a module re-writes the code file of each stage that imports it, and only those; an
-    unchanged tree writes byte-identical files; a removed script's file goes."""
+    """An edit to a module changes the code of each stage that imports it, and only those; an
+    unchanged tree gives the same code; a removed script's stage goes."""
     src = toy / "src"
-    write_stage_code(toy, src)
-    folder = toy / CODE_DIR
-    before = {p.name: p.read_bytes() for p in folder.glob("*.json")}
-    assert set(before) == {"lazy.json", "rel.json", "submod.json", "sibling.json"}
-    write_stage_code(toy, src)
-    assert {p.name: p.read_bytes() for p in folder.glob("*.json")} == before
+    before = stage_codes(toy, src, None)
+    assert set(before) == {"lazy", "rel", "submod", "sibling"}
+    assert stage_codes(toy, src, None) == before
     (src / "pkg" / "mods" / "alpha.py").write_text("x = 2\n")
     (toy / "stages" / "lazy.py").unlink()
-    write_stage_code(toy, src)
-    after = {p.name: p.read_bytes() for p in folder.glob("*.json")}
-    assert set(after) == {"rel.json", "submod.json", "sibling.json"}
-    assert sorted(n for n in after if after[n] != before[n]) == ["sibling.json", "submod.json"]
-    assert read_json(folder / "submod.json")["pkg/mods/alpha.py"] == md5_file(src / "pkg/mods/alpha.py")
-    assert set(read_json(folder / "sibling.json")) == {
+    after = stage_codes(toy, src, None)
+    assert set(after) == {"rel", "submod", "sibling"}
+    assert sorted(n for n in after if after[n] != before[n]) == ["sibling", "submod"]
+    assert after["submod"]["pkg/mods/alpha.py"] == md5_file(src / "pkg/mods/alpha.py")
+    assert set(after["sibling"]) == {
         "stages/sibling.py", "stages/submod.py", "pkg/__init__.py", "pkg/mods/__init__.py",
         "pkg/mods/alpha.py"}
 

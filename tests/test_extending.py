@@ -58,7 +58,7 @@ def test_the_guides_method_runs_through_dvc_from_one_new_file(tmp_path):
 
     metrics = json.loads((dst / "data/federate/fedavg_clip/seed_0/metrics.json").read_text())
     assert metrics["rounds"] == 2
-    code = json.loads((dst / "data/plan/code/federate/fedavg_clip.json").read_text())
+    code = json.loads((dst / "data/plan/stages/federate/fedavg_clip.json").read_text())["code"]
     assert "fedpipe/algorithms/fedavg_clip.py" in code
     methods = {f"fedpipe/algorithms/{p.name}" for p in (dst / "src/fedpipe/algorithms").glob("*.py")
                if p.stem not in ("__init__", "__main__", "registry", "fedavg_clip")}

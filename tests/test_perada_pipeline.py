@@ -1,5 +1,5 @@
 """PerAda in the pipeline: a backbone given as a file is a DVC dependency of the federate stages that
-read it (through the plan stage's ``data/plan/inputs/<algorithm>.json``), and the report's Table 1
+read it (through the ``inputs`` of the plan stage's ``data/plan/stages/federate/<algorithm>.json``), and the report's Table 1
 section beside the paper's numbers."""
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from repo_copy import sh
 
 from fedpipe.config import ConfigError
 from fedpipe.io import md5_file, save_tensors
-from fedpipe.pipeline.plan import INPUTS_DIR, write_plan
+from fedpipe.cli import STAGE_FILES_DIR
+from fedpipe.pipeline.plan import write_plan
+
+FEDERATE_FILES = STAGE_FILES_DIR / "federate"
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,13 +35,13 @@ def test_plan_hashes_a_backbone_file_into_its_algorithms_input_file(tmp_path):
     save_tensors(tmp_path / "bb.safetensors", {"conv1.weight": torch.ones(2, 3)})
     params = plan_params("bb.safetensors")
     write_plan(params, tmp_path)
-    inputs = tmp_path / INPUTS_DIR
-    perada = json.loads((inputs / "perada.json").read_text())
+    inputs = tmp_path / FEDERATE_FILES
+    perada = json.loads((inputs / "perada.json").read_text())["inputs"]
     assert perada == {"backbone": {"path": "bb.safetensors",
                                    "md5": md5_file(tmp_path / "bb.safetensors")}}
     # fedavg-pretrained or no backbone: no file read, an empty record (still written: a dep)
-    assert json.loads((inputs / "perada_nokd.json").read_text()) == {}
-    assert json.loads((inputs / "fedavg.json").read_text()) == {}
+    assert json.loads((inputs / "perada_nokd.json").read_text())["inputs"] == {}
+    assert json.loads((inputs / "fedavg.json").read_text())["inputs"] == {}
     before = {p.name: p.read_bytes() for p in inputs.iterdir()}
     write_plan(params, tmp_path)  # unchanged file: every input record byte-identical
     assert {p.name: p.read_bytes() for p in inputs.iterdir()} == before
@@ -61,21 +64,21 @@ def test_plan_refuses_a_missing_backbone_file_before_any_compute(tmp_path):
 def test_dvc_yaml_wires_the_input_records_into_the_federate_stages():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert stages["plan"]["always_changed"] is True
-    assert str(INPUTS_DIR) in stages["plan"]["outs"]
-    assert f"{INPUTS_DIR}/${{item.algorithm}}.json" in stages["federate"]["deps"]
+    assert str(STAGE_FILES_DIR) in stages["plan"]["outs"]
+    assert f"{FEDERATE_FILES}/${{item.algorithm}}.json" in stages["federate"]["deps"]
 
 
 @pytest.mark.slow
 def test_dvc_reruns_a_backbone_reader_only_when_the_file_changes(tmp_path):
     """The project's plan stage (its dvc.yaml entry, code deps dropped) under DVC, with a stand-in
-    for federate that depends on ``data/plan/inputs/${item.algorithm}.json`` as federate does."""
+    for federate that depends on ``data/plan/stages/federate/${item.algorithm}.json`` as federate does."""
     dvc = shutil.which("dvc", path=str(Path(sys.executable).parent))
     real = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     plan = {k: v for k, v in real["plan"].items() if k != "deps"}
     plan["cmd"] = f"{sys.executable} {REPO / 'stages/plan.py'}"
-    reader_dep = next(d for d in real["federate"]["deps"] if str(d).startswith(str(INPUTS_DIR)))
+    reader_dep = next(d for d in real["federate"]["deps"] if str(d).startswith(str(FEDERATE_FILES)))
     reader = {"matrix": {"algorithm": ["perada", "fedavg"]},
-              "cmd": "cp data/plan/inputs/${item.algorithm}.json read_${item.algorithm}.json",
+              "cmd": f"cp {FEDERATE_FILES}/${{item.algorithm}}.json read_${{item.algorithm}}.json",
               "deps": [reader_dep], "outs": ["read_${item.algorithm}.json"]}
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"plan": plan, "reader": reader}}))
     # the whole params file: the plan stage checks every section before any other stage runs
@@ -106,7 +109,7 @@ def test_dvc_reruns_a_backbone_reader_only_when_the_file_changes(tmp_path):
     assert repro() == {"plan"}  # unchanged file: nothing downstream
     save_tensors(tmp_path / "bb.safetensors", {"w": torch.zeros(3)})
     assert repro() == {"plan", "reader@perada"}  # changed: only the algorithm that reads it
-    assert json.loads((tmp_path / "read_perada.json").read_text())["backbone"]["md5"] == \
+    assert json.loads((tmp_path / "read_perada.json").read_text())["inputs"]["backbone"]["md5"] == \
         md5_file(tmp_path / "bb.safetensors")
 
 

@@ -62,7 +62,7 @@ def test_server_data_plan_holds_the_kinds_and_ignores_other_settings(tmp_path, r
     stage = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["server_data"]
     assert str(SERVER_DATA_PLAN) in [d.split("#")[0].strip() for d in stage["deps"]]
     assert "params" not in stage and STAGE_PARAMS["server_data"] == ("dataset",)
-    assert "data/plan/params/server_data.json" in [d.split("#")[0].strip() for d in stage["deps"]]
+    assert "data/plan/stages/server_data.json" in [d.split("#")[0].strip() for d in stage["deps"]]
 
 
 def test_stage_outputs_reads_every_declared_output(repo_root):
@@ -154,35 +154,39 @@ def test_plan_checks_every_section_before_any_stage_computes(tmp_path, section, 
 
 
 def test_each_stage_reads_its_params_from_one_file_the_plan_writes(tmp_path, repo_root):
-    """issue 43: a stage's params are one file (data/plan/params/<stage>.json, per method for the
-    training stages), not values in its dvc.lock entry. The plan writes the values each stage reads;
+    """issue 43: a stage's params are in its one plan file (data/plan/stages/<stage>.json, per method
+    for the training stages, with its code), not values in its dvc.lock entry. The plan writes the values each stage reads;
     the same params give the same bytes; a change re-writes exactly the files of the stages that read
     the changed value; a method's section reaches its own training stages' files only. In dvc.yaml
     every stage but plan depends on its file and lists no params, and plan lists every section any
     stage reads (so that `dvc params diff` / `dvc exp show` show every param)."""
     from fakes import default_params
 
-    from fedpipe.pipeline.stage_params import PARAMS_DIR, PER_METHOD, PLAN_SECTIONS, stage_params_file
+    from fedpipe.cli import STAGE_FILES_DIR, stage_file
+    from fedpipe.pipeline.stage_params import PER_METHOD, PLAN_SECTIONS
 
     base = default_params()
     base["study"] |= {"algorithms": ["fedavg", "fedprox"], "diffusion_algorithms": ["fedavg"]}
     write_plan(base, tmp_path)
 
-    def snapshot():
-        return {p.relative_to(tmp_path / PARAMS_DIR).as_posix(): p.read_bytes()
-                for p in sorted((tmp_path / PARAMS_DIR).rglob("*.json"))}
+    def snapshot():  # each file's bytes, and its params as bytes (written with sorted keys)
+        files = {p.relative_to(tmp_path / STAGE_FILES_DIR).as_posix(): p.read_bytes()
+                 for p in sorted((tmp_path / STAGE_FILES_DIR).rglob("*.json"))}
+        return files, {k: json.dumps(json.loads(v)["params"], sort_keys=True).encode()
+                       for k, v in files.items()}
 
-    first = snapshot()
+    whole, first = snapshot()
     assert set(first) == ({f"{s}.json" for s in STAGE_PARAMS if s not in PER_METHOD}
                           | {"federate/fedavg.json", "federate/fedprox.json",
                              "federate_ddpm/fedavg.json"})
     fed = json.loads(first["federate/fedprox.json"])
+    assert json.loads(whole["federate/fedprox.json"])["inputs"] == {}
     assert fed["fl"] == base["fl"] and fed["algorithms.fedprox"] == base["algorithms"]["fedprox"]
     assert set(fed) == {"dataset", "model", "fl", "algorithms.fedprox", "device", "accel"}
     fe = json.loads(first["feature_extractor.json"])
     assert fe["fid.extractor"] == base["fid"]["extractor"] and "fid" not in fe
     write_plan(base, tmp_path)
-    assert snapshot() == first  # byte-identical: nothing downstream re-runs
+    assert snapshot()[0] == whole  # byte-identical: nothing downstream re-runs
 
     def changed(**edit) -> set[str]:
         p = json.loads(json.dumps(base))
@@ -193,7 +197,7 @@ def test_each_stage_reads_its_params_from_one_file_the_plan_writes(tmp_path, rep
                 node = node[part]
             node[last] = value
         write_plan(p, tmp_path)
-        now = snapshot()
+        now = snapshot()[1]
         write_plan(base, tmp_path)
         return {k for k in now if now[k] != first.get(k)}
 
@@ -205,7 +209,8 @@ def test_each_stage_reads_its_params_from_one_file_the_plan_writes(tmp_path, rep
         "feature_extractor.json", "aux_quality.json", "federate_ddpm/fedavg.json"}
     # a method leaving the study takes its file with it
     write_plan(base | {"study": base["study"] | {"algorithms": ["fedavg"]}}, tmp_path)
-    assert not (tmp_path / stage_params_file("federate", "fedprox")).exists()
+    assert not stage_file("federate@fedprox-0", tmp_path).exists()
+    assert stage_file("federate@fedavg-0", tmp_path).exists()
 
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
     assert set(stages) == set(STAGE_PARAMS) | {"plan"}
@@ -213,9 +218,9 @@ def test_each_stage_reads_its_params_from_one_file_the_plan_writes(tmp_path, rep
         if name == "plan":
             continue
         assert "params" not in body, name
-        want = (stage_params_file(name, "${item.algorithm}") if name in PER_METHOD
-                else stage_params_file(name)).as_posix()
+        want = (STAGE_FILES_DIR / (f"{name}/${{item.algorithm}}.json" if name in PER_METHOD
+                                   else f"{name}.json")).as_posix()
         assert want in [d.split("#")[0].strip() for d in body["deps"]], name
     assert stages["plan"]["params"] == list(PLAN_SECTIONS)
     assert {k.split(".")[0] for ks in STAGE_PARAMS.values() for k in ks} <= set(PLAN_SECTIONS)
-    assert PARAMS_DIR.as_posix() in [o.split("#")[0].strip() for o in stages["plan"]["outs"]]
+    assert STAGE_FILES_DIR.as_posix() in [o.split("#")[0].strip() for o in stages["plan"]["outs"]]

@@ -185,7 +185,7 @@ def pipeline_copy(dst: Path, seeds: list[int]) -> dict:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, spec in stages.items():
         spec["deps"] = [d for d in spec.get("deps", [])
-                        if not str(d).startswith(("src/", "stages/", "data/plan/code/"))]
+                        if not str(d).startswith(("src/", "stages/"))]
         if not spec["deps"]:
             del spec["deps"]
         spec["cmd"] = (f"{sys.executable} {REPO / 'stages' / name}.py" if name in ("partition", "plan")

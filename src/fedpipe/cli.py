@@ -2,7 +2,7 @@
 never onto them), one-line errors with exit code 2 (a folder the stage cannot write too), Ctrl-C as one
 line saying what was kept and how to resume, with exit code 130, and, under DVC, a stage that stops
 the same way when the DVC process that started it is gone (:func:`watch_dvc`), and one that ran a
-project file its code file does not list fails (:func:`check_stage_code`)."""
+project file its stage file's code does not list fails (:func:`check_stage_code`)."""
 
 from __future__ import annotations
 
@@ -359,9 +359,11 @@ def watch_dvc(stage: str, done: threading.Event, poll: float = DVC_POLL_S) -> th
 
 
 # -- the code a stage ran, held to its code file -----------------------------------------------------
-CODE_DIR = Path("data/plan/code")
-"""Where the plan stage writes each stage's code file (:mod:`fedpipe.pipeline.code` writes them;
-:func:`check_stage_code` reads the running stage's)."""
+STAGE_FILES_DIR = Path("data/plan/stages")
+"""Where the plan stage writes each stage's one file, ``{"code": {file: md5}, "params": {...}}``
+(``"inputs"`` too for a federate stage): the code it runs and the params it reads, its one plan dep
+(:func:`fedpipe.pipeline.plan.write_stage_files`; :func:`check_stage_code` reads the running
+stage's code)."""
 STAGES_DIR = Path("stages")
 
 
@@ -372,14 +374,14 @@ def package_root() -> Path:
     return Path(fedpipe.__file__).resolve().parents[1]
 
 
-def stage_code_file(address: str, root: str | Path = ".") -> Path:
-    """The code file of DVC stage ``address`` (``federate@fedavg-0`` -> ``federate/fedavg.json`` when
-    the stage has a file per method, else ``federate.json``)."""
+def stage_file(address: str, root: str | Path = ".") -> Path:
+    """The plan's file of DVC stage ``address`` (``federate@fedavg-0`` -> ``federate/fedavg.json``
+    when the stage has a file per method, else ``federate.json``)."""
     name, _, item = address.partition("@")
-    per_method = Path(root) / CODE_DIR / name
+    per_method = Path(root) / STAGE_FILES_DIR / name
     if item and per_method.is_dir():
         return per_method / f"{item.rpartition('-')[0] or item}.json"
-    return Path(root) / CODE_DIR / f"{name}.json"
+    return Path(root) / STAGE_FILES_DIR / f"{name}.json"
 
 
 def loaded_project_files(src: Path | None = None, stages: Path = STAGES_DIR) -> set[str]:
@@ -400,17 +402,17 @@ def loaded_project_files(src: Path | None = None, stages: Path = STAGES_DIR) -> 
 
 
 def check_loaded_code(address: str, root: str | Path = ".") -> list[str]:
-    """The project files this process loaded that stage ``address``'s code file does not list
-    (empty when the file covers them, or when there is no code file to hold the stage to)."""
-    path = stage_code_file(address, root)
+    """The project files this process loaded that stage ``address``'s stage file does not list
+    (empty when the file covers them, or when there is no stage file to hold the stage to)."""
+    path = stage_file(address, root)
     if not path.is_file():
         return []
-    listed = set(json.loads(path.read_text()))
+    listed = set(json.loads(path.read_text())["code"])
     return sorted(loaded_project_files(stages=Path(root) / STAGES_DIR) - listed)
 
 
 def check_stage_code() -> None:
-    """Under DVC, a stage script that loaded a file of the project its code file does not list fails:
+    """Under DVC, a stage script that loaded a file of the project its stage file does not list fails:
     DVC would call the stage up to date after an edit to that file (:mod:`fedpipe.pipeline.code`;
     the registry's dynamic import of a method the stage's ``METHOD_LOOKUPS`` entry does not name)."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -419,8 +421,8 @@ def check_stage_code() -> None:
         return
     missing = check_loaded_code(stage)
     if missing:
-        _fail(f"error: stage {stage} ran code that its code file does not list ({', '.join(missing)}):"
-              " a fedpipe bug (fedpipe.pipeline.code.METHOD_LOOKUPS); its outputs may be called up "
+        _fail(f"error: stage {stage} ran code that its stage file ({stage_file(stage)}) does not "
+              f"list ({', '.join(missing)}): a fedpipe bug (fedpipe.pipeline.code.METHOD_LOOKUPS); its outputs may be called up "
               "to date after an edit to those files", 1)
 
 

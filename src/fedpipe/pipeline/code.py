@@ -1,4 +1,5 @@
-"""The code each DVC stage runs, as one small file per stage script: ``data/plan/code/<stage>.json``.
+"""The code each DVC stage runs, the ``code`` of its one plan file (``data/plan/stages/<stage>.json``,
+written by :func:`fedpipe.pipeline.plan.write_stage_files` with the params it reads).
 
 A stage's result must be re-computed when any code it runs changes (docs/architecture.md). Listing that
 code as DVC deps (about twenty files and folders of ``src/`` per stage) made every stage's entry in
@@ -19,13 +20,13 @@ as run. Only files under the search roots are followed (third-party imports are 
 The one dynamic import is the method registry's (:mod:`fedpipe.algorithms.registry`): a method's
 module loads when a stage looks the method up, and the walk cannot see which. :data:`METHOD_LOOKUPS`
 says, per stage, which methods it looks up, and their modules (with their own imports) join its code:
-``federate@<algorithm>-<seed>`` depends on ``data/plan/code/federate/<algorithm>.json``, the stage's
-code plus that one method's, so an edit to one method re-runs that method's stages (and the stages
+``federate@<algorithm>-<seed>`` depends on ``data/plan/stages/federate/<algorithm>.json``, whose code
+is the stage's plus that one method's, so an edit to one method re-runs that method's stages (and the stages
 that read their outputs) and nothing else. :func:`fedpipe.cli.check_loaded_code` makes this a
 guarantee: at the end of a stage run under DVC, every project file the process loaded must be in the
-stage's code file, or the stage fails (``tests/test_dvc_deps.py`` also checks that no other dynamic
-import exists). The code file's place and name (:data:`fedpipe.cli.CODE_DIR`,
-:func:`fedpipe.cli.stage_code_file`) are the stage runner's, which reads them; this module writes them.
+stage file's code, or the stage fails (``tests/test_dvc_deps.py`` also checks that no other dynamic
+import exists). The file's place and name (:data:`fedpipe.cli.STAGE_FILES_DIR`,
+:func:`fedpipe.cli.stage_file`) are the stage runner's, which reads them; this module computes the code.
 """
 
 from __future__ import annotations
@@ -36,18 +37,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedpipe.cli import CODE_DIR, STAGES_DIR, package_root
-from fedpipe.io import md5_file, write_json_folder
+from fedpipe.cli import STAGES_DIR, package_root
+from fedpipe.io import md5_file
 
 METHOD_LOOKUPS: dict[str, str | tuple[str, ...]] = {
-    "federate": "algorithms",  # one code file per method of study.algorithms: its own
+    "federate": "algorithms",  # one stage file per method of study.algorithms: its own
     "federate_ddpm": "diffusion_algorithms",  # the same for the diffusion track's methods
     "evaluate": "study",  # every classification method of the study (a global model or not)
     "backbone": ("fedavg",),  # PerAda's backbone: the plain model trained by FedAvg
     "plan": "all",  # validates every algorithms section
 }
 """Which registered methods each stage looks up at run time: a ``study`` key (``algorithms``,
-``diffusion_algorithms``: :data:`PER_METHOD`) gives one code file per method
+``diffusion_algorithms``: :data:`PER_METHOD`) gives one stage file per method
 (``<stage>/<method>.json``); ``"study"`` adds every method of ``study.algorithms`` to the stage's one
 file, ``"all"`` every registered method; a tuple names the methods. A stage not listed looks up none
 (:func:`fedpipe.cli.check_loaded_code` holds every stage to this)."""
@@ -206,13 +207,3 @@ def stage_codes(root: Path, src: Path | None, study: Any | None,
             code |= method_code(name)
         out[script.stem] = dict(sorted(code.items()))
     return out
-
-
-def write_stage_code(root: str | Path = ".", src: Path | None = None, study: Any | None = None,
-                     methods: Any | None = None) -> dict[str, dict[str, Any]]:
-    """Write ``data/plan/code/<stage>.json`` (and ``<stage>/<method>.json``, :func:`stage_codes`)
-    under ``root`` for every script ``stages/<stage>.py`` (and nothing else: a stale file goes);
-    return them by their path relative to the folder, without ``.json``."""
-    codes = stage_codes(Path(root), src, study, methods)
-    write_json_folder(Path(root) / CODE_DIR, codes)
-    return codes

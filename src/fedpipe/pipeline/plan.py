@@ -13,14 +13,21 @@ adds its own replicate's stages, ``warmup@<seed>`` ...; the others stay cached).
   which come from real datasets).
 - ``data/federate_ddpm/plan.json``: the diffusion track's algorithms and seeds. It keeps the folder
   that the ``report`` stage depends on in existence when the track has no runs (an empty DVC matrix).
-- ``data/plan/inputs/<algorithm>.json``, one per classification algorithm of the study: the files
-  its config names by path, with their MD5 (PerAda's ``backbone: <file>.safetensors``:
-  ``{"backbone": {"path": ..., "md5": ...}}``; ``{}`` for an algorithm that names none). A dvc.yaml
-  dependency cannot depend on a param, so ``federate@<algorithm>-<seed>`` depends on this file
-  instead, and the ``plan`` stage is ``always_changed`` (it runs on every ``dvc repro``, a second or
-  two) so that it re-hashes the named files: a changed file changes this json and re-runs that
-  algorithm's federate stages (only those); an unchanged one leaves it byte-identical and DVC re-runs
-  nothing downstream. A named file that does not exist is a ConfigError here, before any compute.
+- ``data/plan/stages/<stage>.json`` (``<stage>/<algorithm>.json`` for a training stage, one per
+  method): the stage's one plan dep (:func:`write_stage_files`), ``{"code": ..., "params": ...}``:
+  the code it runs, ``{file: md5}`` of every project file its script imports
+  (:mod:`fedpipe.pipeline.code`; a training stage's is the stage's code and its method's), and the
+  values of the params it reads (:mod:`fedpipe.pipeline.stage_params`). Each stage depends on its
+  own file instead of listing code and params in dvc.yaml, which keeps ``dvc.lock`` small (DVC loads
+  and dumps the whole lock after every stage it runs); the ``always_changed`` plan stage re-hashes
+  the code on every run, so an edit re-runs exactly the stages that import the changed file or read
+  the changed param, and an unchanged tree and params.yaml leave every file byte-identical.
+  A federate stage's file also holds ``"inputs"``: the files its method's config names by path,
+  with their MD5 (PerAda's ``backbone: <file>.safetensors``: ``{"backbone": {"path": ..., "md5":
+  ...}}``; ``{}`` for a method that names none). A dvc.yaml dependency cannot depend on a param, so
+  the plan stage hashes the named files on every run: a changed file changes that method's stage
+  file and re-runs its federate stages (only those). A named file that does not exist is a
+  ConfigError here, before any compute.
 - ``data/plan/backbone.json`` = ``{"run": bool, "pretrain_rounds": int | null, "users": [...]}``:
   whether the
   ``backbone@<seed>`` stages pretrain PerAda's offline backbone (some algorithm of the study has
@@ -32,16 +39,6 @@ adds its own replicate's stages, ``warmup@<seed>`` ...; the others stay cached).
   classification methods declare (``fedpipe.pipeline.server_inputs.needed_kinds``), which is all the
   ``server_data@<seed>`` stages read of ``study`` and ``algorithms``: they depend on this file, so an
   edit to another setting of a method (its learning rate) does not re-run them.
-- ``data/plan/code/<stage>.json``, one per script of ``stages/``: the files of the project that the
-  script imports, with their MD5 (:mod:`fedpipe.pipeline.code`); a training stage has one file per
-  method instead (``data/plan/code/federate/<algorithm>.json``: the stage's code and its method's).
-  Each stage depends on its own file instead of listing the code as deps, which kept ``dvc.lock``
-  small; the ``always_changed`` plan stage re-hashes the code on every run, so an edit re-runs
-  exactly the stages that import it.
-- ``data/plan/params/<stage>.json`` (``<stage>/<algorithm>.json`` for a training stage): the values
-  of the params the stage reads (:mod:`fedpipe.pipeline.stage_params`), its one params dep, for the
-  same reason: a small ``dvc.lock``.
-
 A skipped stage still runs (a second or two) and writes placeholders: :mod:`fedpipe.pipeline.skip`.
 """
 
@@ -52,14 +49,14 @@ from typing import Any
 
 from fedpipe.config.core import ConfigError, build
 from fedpipe.config.fl import StudyConfig
+from fedpipe.cli import STAGE_FILES_DIR
 from fedpipe.io import md5_file, write_json, write_json_folder
-from fedpipe.pipeline.code import write_stage_code
+from fedpipe.pipeline.code import stage_codes
 from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN, SERVER_DATA_PLAN
-from fedpipe.pipeline.stage_params import write_stage_params
+from fedpipe.pipeline.stage_params import stage_params_docs
 
 DDPM_TRACK_PLAN = Path("data/federate_ddpm/plan.json")
 DIFFUSION_STAGES = ("feature_extractor", "warmup", "generate", "aux_quality")
-INPUTS_DIR = Path("data/plan/inputs")
 FILE_FIELDS = ("backbone",)
 """Config fields that may name an input file (``<path>.safetensors``); read as federate does
 (``fedpipe.pipeline.federate.backbone_of``)."""
@@ -206,12 +203,37 @@ def write_plan(params: dict[str, Any], root: str | Path = ".") -> dict[str, Any]
     write_json(root / BACKBONE_PLAN, backbone)
     write_json(root / DDPM_TRACK_PLAN, {"algorithms": list(study.diffusion_algorithms),
                                         "seeds": list(study.seeds)})
-    # a folder output, also when empty: exactly this study's algorithms
-    write_json_folder(root / INPUTS_DIR, inputs)
     write_json(root / SERVER_DATA_PLAN, kinds)
-    from fedpipe.algorithms import ALGORITHMS
-
-    write_stage_code(root, study=study, methods=ALGORITHMS)
-    write_stage_params(root, params, study)
+    write_stage_files(root, params, study, inputs)
     return {"diffusion": run, "diffusion_algorithms": list(study.diffusion_algorithms),
             "inputs": inputs, "backbone": backbone["users"]}
+
+
+def stage_files(root: Path, params: dict[str, Any], study: StudyConfig,
+                inputs: dict[str, dict[str, Any]], src: Path | None = None
+                ) -> dict[str, dict[str, Any]]:
+    """Every stage's plan file, by its path under :data:`fedpipe.cli.STAGE_FILES_DIR` without
+    ``.json``: ``{"code": {file: md5}, "params": {key: value}}``, and ``"inputs"`` for a federate
+    stage (``inputs``: :func:`input_files`). One per script of ``stages/`` and per stage of
+    :data:`fedpipe.pipeline.stage_params.STAGE_PARAMS`, one per method of a per-method stage."""
+    from fedpipe.algorithms import ALGORITHMS
+
+    codes = stage_codes(root, src, study, ALGORITHMS)
+    values = stage_params_docs(params, study)
+    files: dict[str, dict[str, Any]] = {}
+    for key in sorted(set(codes) | set(values)):  # plan reads every section: no params of its own
+        files[key] = {"code": codes.get(key, {}), "params": values.get(key, {})}
+        stage, _, method = key.partition("/")
+        if stage == "federate":
+            files[key]["inputs"] = inputs[method]
+    return files
+
+
+def write_stage_files(root: Path, params: dict[str, Any], study: StudyConfig,
+                      inputs: dict[str, dict[str, Any]], src: Path | None = None
+                      ) -> dict[str, dict[str, Any]]:
+    """Write :func:`stage_files` under ``root`` (the folder then holds exactly these files, and the
+    same code and params give the same bytes: ``write_json`` sorts keys); return them."""
+    files = stage_files(root, params, study, inputs, src)
+    write_json_folder(root / STAGE_FILES_DIR, files)
+    return files

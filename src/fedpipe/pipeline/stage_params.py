@@ -1,4 +1,5 @@
-"""The params each DVC stage reads, as one small file per stage: ``data/plan/params/<stage>.json``.
+"""The params each DVC stage reads, the ``params`` of its one plan file (``data/plan/stages/<stage>.json``,
+written by :func:`fedpipe.pipeline.plan.write_stage_files` with the code it runs).
 
 A stage must re-run when a param it reads changes. Listing the params in ``dvc.yaml`` (``params:
 [dataset, model, fl, ...]``) makes DVC write every value of every listed section into the stage's
@@ -8,9 +9,9 @@ the lock is 27,000 lines and one load and dump of it took 7.4 s on the 2-core ma
 the params in one file (16,000 lines), 0.95 s for 300 entries of one dep and one out
 (``benchmarks/lock_size.py``; the whole stage: ``benchmarks/stage_overhead.py``). So the way code is handled
 (:mod:`fedpipe.pipeline.code`) is the way params are handled: the always-run ``plan`` stage writes,
-for each stage, the values of the sections and keys :data:`STAGE_PARAMS` names (JSON, sorted keys),
-and the stage depends on that one file. A training stage has one file per method
-(``data/plan/params/federate/<method>.json``: the shared sections and ``algorithms.<method>``), so a
+for each stage, the values of the sections and keys :data:`STAGE_PARAMS` names (JSON, sorted keys)
+into the stage's one file, which holds its code too. A training stage has one file per method
+(``data/plan/stages/federate/<method>.json``: the shared sections and ``algorithms.<method>``), so a
 change to one method's section re-runs that method's stages only, as before. A change to any value a
 stage reads changes its file and re-runs it; an unchanged params.yaml leaves every file
 byte-identical, so nothing re-runs.
@@ -26,15 +27,12 @@ it listed the key itself).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fedpipe.config.core import param_at
-from fedpipe.io import write_json_folder
 from fedpipe.pipeline.code import METHOD_LOOKUPS
 from fedpipe.pipeline.code import PER_METHOD as METHOD_LISTS
 
-PARAMS_DIR = Path("data/plan/params")
 METHOD_SECTION = "algorithms.{algorithm}"
 """The placeholder of a per-method stage's own method section."""
 
@@ -58,7 +56,7 @@ STAGE_PARAMS: dict[str, tuple[str, ...]] = {
 single keys of a section reads no other key of it (``tests/test_dvc_params.py``)."""
 
 PER_METHOD = {stage: lookups for stage, lookups in METHOD_LOOKUPS.items() if lookups in METHOD_LISTS}
-"""The stages with one params file per method, and the ``study`` list of their methods: those with
+"""The stages with one file per method, and the ``study`` list of their methods: those with
 one code file per method (:data:`fedpipe.pipeline.code.METHOD_LOOKUPS`)."""
 
 PLAN_SECTIONS = ("study", "algorithms", "seed", "dataset", "partition", "model", "fl", "device",
@@ -67,20 +65,16 @@ PLAN_SECTIONS = ("study", "algorithms", "seed", "dataset", "partition", "model",
 stage reads (tested), so that DVC shows every param."""
 
 
-def stage_params_file(stage: str, method: str | None = None) -> Path:
-    """``data/plan/params/<stage>.json``, or ``<stage>/<method>.json`` for a per-method stage."""
-    return PARAMS_DIR / stage / f"{method}.json" if method is not None else PARAMS_DIR / f"{stage}.json"
-
-
 def stage_values(params: dict[str, Any], stage: str, method: str | None = None) -> dict[str, Any]:
-    """{key: value} of what ``stage`` (for ``method``) reads: the content of its params file."""
+    """{key: value} of what ``stage`` (for ``method``) reads: its stage file's ``params``."""
     keys = [k.format(algorithm=method) if k == METHOD_SECTION else k for k in STAGE_PARAMS[stage]]
     return {k: param_at(params, k) for k in keys}
 
 
 def stage_params_docs(params: dict[str, Any], study: Any) -> dict[str, dict[str, Any]]:
-    """Every stage's params file for ``study`` (a ``StudyConfig``), by its path under
-    :data:`PARAMS_DIR` without ``.json``: one per stage, one per method of a per-method stage."""
+    """Every stage's params for ``study`` (a ``StudyConfig``), by its stage file's path under
+    :data:`fedpipe.cli.STAGE_FILES_DIR` without ``.json``: one per stage, one per method of a
+    per-method stage."""
     docs: dict[str, dict[str, Any]] = {}
     for stage in STAGE_PARAMS:
         if stage in PER_METHOD:
@@ -88,13 +82,4 @@ def stage_params_docs(params: dict[str, Any], study: Any) -> dict[str, dict[str,
                 docs[f"{stage}/{m}"] = stage_values(params, stage, m)
         else:
             docs[stage] = stage_values(params, stage)
-    return docs
-
-
-def write_stage_params(root: str | Path, params: dict[str, Any], study: Any) -> dict[str, Any]:
-    """Write every stage's params file under ``root`` (:func:`stage_params_docs`; the folder holds
-    exactly the study's files, and the same values give the same bytes: ``write_json`` sorts keys);
-    return them."""
-    docs = stage_params_docs(params, study)
-    write_json_folder(Path(root) / PARAMS_DIR, docs)
     return docs
