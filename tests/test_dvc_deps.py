@@ -231,7 +231,11 @@ def test_a_stage_that_loaded_a_method_its_file_does_not_name_is_caught(repo_code
     missing = check_loaded_code("federate@fedavg-0", root)
     assert "fedpipe/algorithms/fednh.py" in missing and "fedpipe/algorithms/fedprox.py" in missing
     assert "fedpipe/algorithms/fedavg.py" not in missing
-    assert check_loaded_code("nostage@1", root) == []  # no code file: nothing to hold it to
+    assert check_loaded_code("nostage@1", root) == []  # no stage file: nothing to hold it to
+    # a stage file without code (the plan ran where the stage has no script): nothing either
+    (root / STAGE_FILES_DIR / "noscript.json").write_text('{"params": {}}')
+    assert check_loaded_code("noscript@1", root) == []
+    (root / STAGE_FILES_DIR / "noscript.json").unlink()
 
 
 def test_every_stage_in_dvc_yaml_has_a_code_file(repo_code) -> None:

@@ -403,11 +403,13 @@ def loaded_project_files(src: Path | None = None, stages: Path = STAGES_DIR) -> 
 
 def check_loaded_code(address: str, root: str | Path = ".") -> list[str]:
     """The project files this process loaded that stage ``address``'s stage file does not list
-    (empty when the file covers them, or when there is no stage file to hold the stage to)."""
+    (empty when the file covers them, or when there is no stage file, or one without code, to hold
+    the stage to)."""
     path = stage_file(address, root)
-    if not path.is_file():
+    code = json.loads(path.read_text()).get("code") if path.is_file() else None
+    if code is None:
         return []
-    listed = set(json.loads(path.read_text())["code"])
+    listed = set(code)
     return sorted(loaded_project_files(stages=Path(root) / STAGES_DIR) - listed)
 
 

@@ -214,7 +214,8 @@ def stage_files(root: Path, params: dict[str, Any], study: StudyConfig,
                 ) -> dict[str, dict[str, Any]]:
     """Every stage's plan file, by its path under :data:`fedpipe.cli.STAGE_FILES_DIR` without
     ``.json``: ``{"code": {file: md5}, "params": {key: value}}``, and ``"inputs"`` for a federate
-    stage (``inputs``: :func:`input_files`). One per script of ``stages/`` and per stage of
+    stage (``inputs``: :func:`input_files`); no ``"code"`` for a stage whose script is not under
+    ``root/stages`` (a test's copy of the pipeline: nothing to hold it to). One per script of ``stages/`` and per stage of
     :data:`fedpipe.pipeline.stage_params.STAGE_PARAMS`, one per method of a per-method stage."""
     from fedpipe.algorithms import ALGORITHMS
 
@@ -222,7 +223,9 @@ def stage_files(root: Path, params: dict[str, Any], study: StudyConfig,
     values = stage_params_docs(params, study)
     files: dict[str, dict[str, Any]] = {}
     for key in sorted(set(codes) | set(values)):  # plan reads every section: no params of its own
-        files[key] = {"code": codes.get(key, {}), "params": values.get(key, {})}
+        files[key] = {"params": values.get(key, {})}
+        if key in codes:  # a stage with its script under root/stages
+            files[key]["code"] = codes[key]
         stage, _, method = key.partition("/")
         if stage == "federate":
             files[key]["inputs"] = inputs[method]
