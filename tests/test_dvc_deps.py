@@ -20,10 +20,10 @@ import yaml
 
 from fedpipe.algorithms import ALGORITHMS
 from fedpipe.cli import STAGE_FILES_DIR, check_loaded_code, stage_file
+from fedpipe.config import load_params
 from fedpipe.config.core import build
 from fedpipe.config.fl import StudyConfig
 from fedpipe.io import md5_file, read_json
-from fedpipe.config import load_params
 from fedpipe.pipeline.code import METHOD_LOOKUPS, code_closure, stage_code, stage_codes
 from fedpipe.pipeline.plan import write_stage_files
 

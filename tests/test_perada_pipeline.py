@@ -1,6 +1,6 @@
 """PerAda in the pipeline: a backbone given as a file is a DVC dependency of the federate stages that
-read it (through the ``inputs`` of the plan stage's ``data/plan/stages/federate/<algorithm>.json``), and the report's Table 1
-section beside the paper's numbers."""
+read it (through the ``inputs`` of the plan stage's ``data/plan/stages/federate/<algorithm>.json``),
+and the report's Table 1 section beside the paper's numbers."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch
 import yaml
 from repo_copy import sh
 
+from fedpipe.cli import STAGE_FILES_DIR
 from fedpipe.config import ConfigError
 from fedpipe.io import md5_file, save_tensors
-from fedpipe.cli import STAGE_FILES_DIR
 from fedpipe.pipeline.plan import write_plan
 
 FEDERATE_FILES = STAGE_FILES_DIR / "federate"

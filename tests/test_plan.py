@@ -155,11 +155,12 @@ def test_plan_checks_every_section_before_any_stage_computes(tmp_path, section, 
 
 def test_each_stage_reads_its_params_from_one_file_the_plan_writes(tmp_path, repo_root):
     """issue 43: a stage's params are in its one plan file (data/plan/stages/<stage>.json, per method
-    for the training stages, with its code), not values in its dvc.lock entry. The plan writes the values each stage reads;
-    the same params give the same bytes; a change re-writes exactly the files of the stages that read
-    the changed value; a method's section reaches its own training stages' files only. In dvc.yaml
-    every stage but plan depends on its file and lists no params, and plan lists every section any
-    stage reads (so that `dvc params diff` / `dvc exp show` show every param)."""
+    for the training stages, with its code), not values in its dvc.lock entry. The plan writes the
+    values each stage reads; the same params give the same bytes; a change re-writes exactly the
+    files of the stages that read the changed value; a method's section reaches its own training
+    stages' files only. In dvc.yaml every stage but plan depends on its file and lists no params,
+    and plan lists every section any stage reads (so that `dvc params diff` / `dvc exp show` show
+    every param)."""
     from fakes import default_params
 
     from fedpipe.cli import STAGE_FILES_DIR, stage_file

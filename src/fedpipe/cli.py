@@ -424,8 +424,8 @@ def check_stage_code() -> None:
     missing = check_loaded_code(stage)
     if missing:
         _fail(f"error: stage {stage} ran code that its stage file ({stage_file(stage)}) does not "
-              f"list ({', '.join(missing)}): a fedpipe bug (fedpipe.pipeline.code.METHOD_LOOKUPS); its outputs may be called up "
-              "to date after an edit to those files", 1)
+              f"list ({', '.join(missing)}): a fedpipe bug (fedpipe.pipeline.code.METHOD_LOOKUPS); "
+              "its outputs may be called up to date after an edit to those files", 1)
 
 
 def _fail(line: str, code: int) -> None:

@@ -47,9 +47,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedpipe.cli import STAGE_FILES_DIR
 from fedpipe.config.core import ConfigError, build
 from fedpipe.config.fl import StudyConfig
-from fedpipe.cli import STAGE_FILES_DIR
 from fedpipe.io import md5_file, write_json, write_json_folder
 from fedpipe.pipeline.code import stage_codes
 from fedpipe.pipeline.skip import BACKBONE_PLAN, DIFFUSION_PLAN, SERVER_DATA_PLAN
@@ -215,8 +215,9 @@ def stage_files(root: Path, params: dict[str, Any], study: StudyConfig,
     """Every stage's plan file, by its path under :data:`fedpipe.cli.STAGE_FILES_DIR` without
     ``.json``: ``{"code": {file: md5}, "params": {key: value}}``, and ``"inputs"`` for a federate
     stage (``inputs``: :func:`input_files`); no ``"code"`` for a stage whose script is not under
-    ``root/stages`` (a test's copy of the pipeline: nothing to hold it to). One per script of ``stages/`` and per stage of
-    :data:`fedpipe.pipeline.stage_params.STAGE_PARAMS`, one per method of a per-method stage."""
+    ``root/stages`` (a test's copy of the pipeline: nothing to hold it to). One per script of
+    ``stages/`` and per stage of :data:`fedpipe.pipeline.stage_params.STAGE_PARAMS`, one per method
+    of a per-method stage."""
     from fedpipe.algorithms import ALGORITHMS
 
     codes = stage_codes(root, src, study, ALGORITHMS)
