@@ -104,6 +104,53 @@ def test_server_training_on_the_auxiliary_set_and_sampling_by_hand():
     assert p.projected == pytest.approx(4.0 + 20 * 23.0 + 2 * 2.5 + 30.0 + 3.0 + 5.0)
 
 
+def test_clients_and_test_split_cuts_by_hand():
+    """--clients 1 of a full run's 10 clients a round, --test-images: a tenth of the test split. The
+    round's client update, aggregation and (a distilling method's) server step scale by 10; the
+    evaluation's test reading by 10, its personal fine-tuning (a local_train call) not."""
+    fine_tune = {"epochs": 1, "steps": None, "batch": 5, "done": 4}
+    events = [
+        {"kind": "test_cut", "full": 10000, "kept": 1000, "t": 0.0, "pid": 3},
+        {"kind": "federated", "ctx": [], "round": None, "t0": 0.0, "s": 12.0, "pid": 3,
+         "sizes": [10] * 100},
+        {"kind": "round", "r": 0, "t": 0.0, "pid": 3},
+        _ev("select", 0.0, 0.1, pid=3),
+        _ev("client", 0.1, 2.0, pid=3, n=10),
+        _ev("aggregate", 2.1, 0.4, pid=3),
+        _ev("server_update", 2.5, 3.0, pid=3),
+        _ev("eval", 5.5, 2.5, pid=3),
+        _ev("personal", 8.0, 3.0, pid=3),
+        _ev("local", 8.1, 1.0, ctx=("federated", "personal"), pid=3, n=10, **fine_tune),
+    ]
+    plan = est.LoopPlan(rounds=5, batch=5, clients=10.0, server_clients=10.0,
+                        test=est.test_ratio(events))
+    p = est.project_loop(events, total=14.0, plan=plan)
+    # the round's window 12 s, its calls 11 s: 1 s of the engine's own; select 0.1; the client
+    # 2 s x 10 (every client the same size: sampling weight 1); aggregation 0.4 x 10; server 3 x 10
+    assert plan.test == pytest.approx(10.0)
+    assert p.parts["per_round"] == pytest.approx(1.0 + 0.1 + 20.0 + 4.0 + 30.0)
+    # evaluation: (2.5 + 3.0 - 1.0 of fine-tuning) x 10 + 1.0
+    assert p.parts["eval_each"] == pytest.approx(4.5 * 10 + 1.0)
+    assert p.projected == pytest.approx(2.0 + 5 * 55.1 + 5 * 46.0)  # evaluated every round
+    assert est.test_ratio([]) == 1.0
+
+
+def test_client_cut_sets_participation_and_leaves_smaller_rounds(tmp_path):
+    full = est.compose(REPO, ["study=fednh_cifar10", "dataset.stand_in=true"], tmp_path / "p.yaml")
+    cuts = est.slice_cuts(full, clients=2, test_images=500)
+    assert "fl.participation=0.02" in cuts.overrides  # 10 of 100 clients a round -> 2
+    assert cuts.clients == {"fl": (10, 2)} and cuts.test_images == 500
+    assert est.slice_cuts(full, clients=10).clients == {}  # the round trains 10 already: no cut
+    assert not any(o.startswith("fl.participation") for o in est.slice_cuts(full).overrides)
+    back = est.Cuts.from_state(json.loads(json.dumps(est.asdict(cuts))))
+    assert back == cuts  # --resume and --project-only read the same cuts
+    from fedpipe.algorithms import algorithm_config
+
+    assert est.distils_from_clients(algorithm_config("feddf", None))
+    assert not est.distils_from_clients(algorithm_config("perada_nokd", None))
+    assert not est.distils_from_clients(algorithm_config("fedavg", None))
+
+
 def test_warmup_evaluate_and_schedules_by_hand():
     # two worker processes, three clients each, 10 steps of one epoch; the first call of each
     # process carries its set-up: 0.1 s per step; 50 epochs -> 2,940 steps more over 2 processes

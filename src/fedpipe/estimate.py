@@ -487,7 +487,34 @@ if _DIR:
 
         m.run_stage = run_stage
 
+    def _datasets(m):  # the slice's test-split cut (--test-images), written in cuts.json here
+        try:
+            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuts.json")) as f:
+                keep = json.load(f).get("test_images")
+        except (OSError, ValueError):
+            keep = None
+        if not keep:
+            return
+        orig = m.load_dataset
+
+        @functools.wraps(orig)
+        def load_dataset(cfg, *a, **k):
+            import dataclasses
+
+            import torch
+
+            ds = orig(cfg, *a, **k)
+            full = len(ds.test)
+            if full > keep:  # evenly spaced, the same images in every stage
+                idx = (torch.arange(keep, dtype=torch.float64) * full / keep).long()
+                ds = dataclasses.replace(ds, test=type(ds.test)(ds.test.x[idx], ds.test.y[idx]))
+            _emit({"kind": "test_cut", "full": full, "kept": len(ds.test), "t": time.time()})
+            return ds
+
+        m.load_dataset = load_dataset
+
     _PATCH = {"fedpipe.fl.engine": _engine, "fedpipe.fl.local": _local,
+              "fedpipe.data.datasets": _datasets,
               "fedpipe.tasks.diffusion": _diffusion, "fedpipe.tasks": _tasks,
               "fedpipe.pipeline.evaluate": _evaluate, "fedpipe.cli": _cli}
 
@@ -568,6 +595,9 @@ class LoopPlan:
     curve: int = 0                 # image-steps of one evaluation's sampling (full run)
     quicktest: tuple[int, int] = (0, 0)  # (tests in the full run, image-steps of one)
     final: int = 0                 # image-steps sampled after the loop (full run)
+    clients: float = 1.0           # the full run's clients a round over the slice's (--clients)
+    server_clients: float = 1.0    # the server step's time times this (distils from each client)
+    test: float = 1.0              # the full test split over the slice's (--test-images)
 
 
 @dataclass
@@ -691,7 +721,7 @@ def project_loop(events: Sequence[dict[str, Any]], total: float, plan: LoopPlan)
     client = (total_of("client", last) - sum(e["s"] for e in last_local)
               + sum(_full_steps(e, plan.cap) * per_step[_key(e)] for e in last_local))
     trained = [e["n"] for e in last if e["kind"] == "client" and "n" in e]
-    client *= sampling_weight(fed.get("sizes") or [], trained, plan.batch)
+    client *= sampling_weight(fed.get("sizes") or [], trained, plan.batch) * plan.clients
     # the server step: sampling (QuickTest) apart, training on A scaled to the full A, once-per-run
     # trainings apart, the rest (distillation) by the kd factor
     server_rows = [e for e in last_nested if _category(e, "federated") == "server_update"]
@@ -708,15 +738,20 @@ def project_loop(events: Sequence[dict[str, Any]], total: float, plan: LoopPlan)
         return math.ceil(plan.aux[1] / e["batch"]) / math.ceil(plan.aux[0] / e["batch"])
 
     base = server - s_samples - sum(e["s"] for e in once) - sum(e["s"] for e in on_aux)
-    server_round = max(base, 0.0) * plan.kd_factor + sum(e["s"] * aux_factor(e) for e in on_aux)
+    server_round = (max(base, 0.0) * plan.kd_factor * plan.server_clients
+                    + sum(e["s"] * aux_factor(e) for e in on_aux))
     once_s = sum(e["s"] * aux_factor(e) for e in once) + first_once
-    per_round = (other + client + total_of("select", last) + total_of("aggregate", last)
-                 + server_round)
+    per_round = (other + client + total_of("select", last)
+                 + total_of("aggregate", last) * plan.clients + server_round)
     # evaluations and checkpoints over the whole slice loop
     evals = [e for e in direct if e["kind"] == "eval"]
     eval_rows = [e for e in nested if _category(e, "federated") in ("eval", "personal")]
-    eval_total = (total_of("eval", direct) + total_of("personal", direct)
-                  - sum(e["s"] for e in eval_rows if e["kind"] == "sample")
+    # what reads the test split times the full split over the slice's; sampling and training
+    # (personal models' fine-tuning) apart
+    eval_train = sum(e["s"] for e in eval_rows if e["kind"] == "local")
+    eval_total = ((total_of("eval", direct) + total_of("personal", direct) - eval_train
+                   - sum(e["s"] for e in eval_rows if e["kind"] == "sample")) * plan.test
+                  + eval_train
                   + sum(_cut_extra(e, plan.cap) for e in eval_rows if e["kind"] == "local"))
     eval_each = (eval_total / len(evals) + plan.curve * plan.unit) if evals else 0.0
     ckpts = [e for e in direct if e["kind"] == "ckpt"]
@@ -732,6 +767,12 @@ def project_loop(events: Sequence[dict[str, Any]], total: float, plan: LoopPlan)
              "evals": float(n_eval), "ckpt_each": ckpt_each, "checkpoints": float(n_ckpt),
              "once": once_s, "quicktest": quick, "final_sampling": final, "fixed": fixed}
     return Projection(total, fixed, fixed + loop + final, parts)
+
+
+def test_ratio(events: Sequence[dict[str, Any]]) -> float:
+    """The full test split over the slice's (``--test-images``; 1 when the stage loaded it whole)."""
+    cut = [e for e in events if e["kind"] == "test_cut" and e.get("kept")]
+    return cut[0]["full"] / cut[0]["kept"] if cut else 1.0
 
 
 def project_part(total: float, part: float, factor: float) -> Projection:
@@ -792,11 +833,22 @@ class Cuts:
     aux_slice_ratio: float | None = None
     kd: dict[str, tuple[int, int]] = field(default_factory=dict)  # algorithm -> (full, slice)
     corruption_pairs: tuple[int, int] | None = None  # (full, slice)
+    clients: dict[str, tuple[int, int]] = field(default_factory=dict)  # section -> clients a round
+    #   (full, slice) where --clients cut them (fl, diffusion_fl)
+    test_images: int | None = None  # the slice's test split (--test-images; the probe cuts it)
 
     def add(self, key: str, value: Any, line: str | None = None) -> None:
         self.overrides.append(override(key, value))
         if line:
             self.lines.append(line)
+
+    @classmethod
+    def from_state(cls, c: dict[str, Any]) -> Cuts:
+        """The cuts as :data:`STATE` records them (JSON: tuples came back as lists)."""
+        pairs = {"kd": {k: tuple(v) for k, v in (c.get("kd") or {}).items()},
+                 "clients": {k: tuple(v) for k, v in (c.get("clients") or {}).items()}}
+        return cls(**{**c, **pairs, "corruption_pairs": tuple(c["corruption_pairs"])
+                      if c.get("corruption_pairs") else None})
 
     def set(self, key: str, value: Any) -> None:
         """``key=value`` in place of an earlier override of ``key``."""
@@ -835,9 +887,53 @@ def aux_batch(params: dict[str, Any]) -> int:
     return max(sizes + [int(get(params, "diffusion_fl.local.batch_size", 1))])
 
 
-def slice_cuts(full: dict[str, Any]) -> Cuts:
-    """The slice's overrides of the full params, except the local step caps (:func:`step_caps`)."""
+def clients_a_round(params: dict[str, Any], section: str) -> int:
+    """Clients a round of ``section`` (fl, diffusion_fl) trains: ``max(round(N p), 1)``."""
+    n = int(get(params, "partition.num_clients", 1))
+    return max(round(n * float(get(params, f"{section}.participation", 1.0))), 1)
+
+
+def client_cuts(full: dict[str, Any], cuts: Cuts, clients: int) -> None:
+    """``--clients K``: each round of the slice trains K clients where the study trains more
+    (``<section>.participation = K / N``); its client updates and aggregation, and the distillation
+    from the round's local models (:func:`distils_from_clients`), are projected times the full
+    run's clients a round over K."""
+    n = int(get(full, "partition.num_clients", 1))
+    study = full.get("study") or {}
+    tracks = [("fl", "algorithms"), ("diffusion_fl", "diffusion_algorithms")]
+    for section, key in tracks:
+        if not study.get(key) or not has(full, f"{section}.participation"):
+            continue
+        k_full = clients_a_round(full, section)
+        if k_full <= clients:
+            continue
+        p = f"{clients / n:.6g}"
+        cuts.add(f"{section}.participation", p,
+                 f"{section}.participation: {get(full, f'{section}.participation')} -> {p} "
+                 f"({k_full} -> {clients} clients a round of {n}; client updates, aggregation and "
+                 f"distillation projected x{k_full / clients:g})")
+        cuts.clients[section] = (k_full, clients)
+
+
+def distils_from_clients(cfg: Any) -> bool:
+    """Whether a method's server step distils from each of the round's local models (FedDF, PerAda
+    with KD: one teacher per client), so that it grows with the round's clients."""
+    return bool(getattr(cfg, "kd_steps", None)) and bool(getattr(cfg, "kd", True))
+
+
+def slice_cuts(full: dict[str, Any], clients: int | None = None,
+               test_images: int | None = None) -> Cuts:
+    """The slice's overrides of the full params, except the local step caps (:func:`step_caps`);
+    ``clients``: :func:`client_cuts`; ``test_images``: the test split's images in the slice (the
+    probe keeps that many, evenly spaced; evaluation projected times the full split over them)."""
     cuts = Cuts()
+    if clients:
+        client_cuts(full, cuts, clients)
+    if test_images:
+        cuts.test_images = int(test_images)
+        cuts.lines.append(f"test split: every image -> {test_images} images, evenly spaced (the "
+                          "evaluations, local test sets and corrupted sets shrink with it; "
+                          "evaluation projected times the full split over them)")
     study = full.get("study") or {}
     seeds = list(study.get("seeds") or [0])
     s = seeds[0]
@@ -1063,6 +1159,8 @@ def step_caps(full: dict[str, Any], sizes: Sequence[int], cuts: Cuts, budget: fl
         tracks.append(("diffusion_fl", "unet"))
     for section, model in tracks:
         sec = full.get(section) or {}
+        if section in cuts.clients:  # the slice's round trains fewer clients (--clients)
+            sec = {**sec, "participation": cuts.clients[section][1] / max(len(sizes), 1)}
         local = sec.get("local") or {}
         batch = int(local.get("batch_size", 1))
         mean_steps = full_steps_per_client(sizes, int(local.get("epochs", 1)), batch)
@@ -1299,6 +1397,13 @@ def project_stage(run: StageRun, spec: StageSpec, full: dict[str, Any], cuts: Cu
                         cap=cuts.ddpm_cap if ddpm else cuts.local_cap, unit=unit or 0.0)
         if algo in cuts.kd and name == "federate":
             plan.kd_factor = cuts.kd[algo][0] / cuts.kd[algo][1]
+        section = "diffusion_fl" if ddpm else "fl"
+        if section in cuts.clients and not pools_clients([algo]):
+            k_full, k_slice = cuts.clients[section]
+            plan.clients = k_full / k_slice
+            if distils_from_clients(algorithm_configs(full, [algo])[algo]):
+                plan.server_clients = plan.clients
+        plan.test = test_ratio(events)
         if ddpm:
             m = sum(sizes)
             a_full = round(float(get(full, "generate.ratio")) * m)
@@ -1341,12 +1446,13 @@ def project_stage(run: StageRun, spec: StageSpec, full: dict[str, Any], cuts: Cu
                 and kept is not None and e["sets"] == kept]
         build = sum(e["s"] for e in events if e["kind"] == "corrupt_build")
         runs = sum(e["s"] for e in events if e["kind"] == "evalrun")
-        extra_runs = sum(e["s"] for e in corr) * (f - 1.0)
-        one = total + extra_runs + build * (f - 1.0)
-        per_run = runs + extra_runs
-        p1 = Projection(total, total - runs - build, one,
-                        {"per_replicate_scoring": per_run, "corrupted_factor": f})
-        pn = Projection(total, total - runs - build, one + per_run * (n_seeds - 1),
+        t = test_ratio(events)  # scoring and the corrupted sets read the test split
+        fixed = total - runs - build
+        per_run = (runs + sum(e["s"] for e in corr) * (f - 1.0)) * t
+        one = fixed + per_run + build * f * t
+        p1 = Projection(total, fixed, one, {"per_replicate_scoring": per_run,
+                                            "corrupted_factor": f, "test_factor": t})
+        pn = Projection(total, fixed, one + per_run * (n_seeds - 1),
                         {"per_replicate_scoring": per_run, "replicates": float(n_seeds)})
         return p1, pn
     return Projection(total, total, total), None
@@ -1440,7 +1546,8 @@ def _save_state(scratch: Path, state: dict[str, Any]) -> None:
 
 def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = None,
              scratch: Path | None = None, root: Path | None = None, local_steps: int | None = None,
-             budget: float = ROUND_BUDGET, log=print, resume: bool = False) -> Estimate:
+             budget: float = ROUND_BUDGET, log=print, resume: bool = False,
+             clients: int | None = None, test_images: int | None = None) -> Estimate:
     """Run the slice of ``study`` in ``scratch`` (a new temporary folder if None; kept) and project
     it. ``stand_in`` None: on for a torchvision dataset. ``resume``: ``scratch`` holds a slice of
     the same study and overrides that stopped (a failure, Ctrl-C, a killed process): its
@@ -1461,10 +1568,7 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         log(f"resuming the slice in {scratch}")
         base = state["base"]
         full = load_params(scratch / "params.full.yaml")
-        c = state["cuts"]
-        cuts = Cuts(**{**c, "kd": {k: tuple(v) for k, v in (c.get("kd") or {}).items()},
-                       "corruption_pairs": tuple(c["corruption_pairs"])
-                       if c.get("corruption_pairs") else None})
+        cuts = Cuts.from_state(state["cuts"])
         slice_params = load_params(scratch / "params.yaml")
         state["runs"] = [r for r in state["runs"] if r["rc"] == 0]
         state["failed"], state["error"] = None, ""
@@ -1478,9 +1582,10 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         if stand_in and name in TORCHVISION and not get(full, "dataset.stand_in", False):
             base.append("dataset.stand_in=true")
             full = compose(root, base, scratch / "params.full.yaml")
-        cuts = slice_cuts(full)
+        cuts = slice_cuts(full, clients, test_images)
         slice_params = compose(root, base + cuts.overrides, scratch / "params.yaml")
     site = setup_scratch(root, scratch, bool(get(full, "dataset.stand_in", False)))
+    (site / "cuts.json").write_text(json.dumps({"test_images": cuts.test_images}))  # the probe's
     specs = pipeline(root, slice_params)
     dev = device_line(full)
     log(f"device: {dev}; dataset {get(full, 'dataset.name')}"
@@ -1531,10 +1636,7 @@ def project_scratch(scratch: Path) -> Estimate:
 
     full = load_params(scratch / "params.full.yaml")
     slice_params = load_params(scratch / "params.yaml")
-    c = state["cuts"]
-    cuts = Cuts(**{**c, "kd": {k: tuple(v) for k, v in (c.get("kd") or {}).items()},
-                   "corruption_pairs": tuple(c["corruption_pairs"]) if c.get("corruption_pairs")
-                   else None})
+    cuts = Cuts.from_state(state["cuts"])
     runs = [StageRun(**r) for r in state["runs"]]
     specs = {s.address: s for s in pipeline(root, slice_params)}
     per = {s.per_replicate for s in expand_stages(yaml.safe_load((root / "dvc.yaml").read_text()),
@@ -1616,6 +1718,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--local-steps", type=int, default=None,
                     help="cap every client's local steps in the slice at N (0: never cut; default: "
                     "only where a round would exceed --round-budget)")
+    ap.add_argument("--clients", type=int, default=None, metavar="K",
+                    help="train K clients a round in the slice where the study trains more "
+                    "(participation K/N; projected times the full count; default: not cut)")
+    ap.add_argument("--test-images", type=int, default=None, metavar="N",
+                    help="evaluate on N of the test split's images in the slice, evenly spaced "
+                    "(projected times the full split; default: not cut)")
     ap.add_argument("--resume", action="store_true",
                     help="continue the slice kept in --scratch (same study and overrides) from its "
                     "first stage that did not finish")
@@ -1625,6 +1733,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--round-budget", type=float, default=ROUND_BUDGET,
                     help=f"seconds a slice round may take before local steps are cut ({ROUND_BUDGET:.0f})")
     args = ap.parse_args(argv)
+    for flag, value in (("--clients", args.clients), ("--test-images", args.test_images)):
+        if value is not None and value < 1:
+            print(f"error: {flag} {value}: a count of at least 1", file=sys.stderr)
+            return 2
     keep = args.scratch is not None
     from fedpipe.config import ConfigError
     from fedpipe.errors import CompositionError
@@ -1643,7 +1755,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         est = estimate(args.study, [*args.overrides, *args.more], args.stand_in, scratch, args.root,
                        local_steps=args.local_steps, budget=args.round_budget, resume=args.resume,
-                       log=lambda s: print(s, flush=True))
+                       log=lambda s: print(s, flush=True), clients=args.clients,
+                       test_images=args.test_images)
     except (ConfigError, CompositionError, EstimateError) as e:  # it does not compose / resume
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
