@@ -49,6 +49,13 @@ def wait_for_queue(dst: Path, env: dict, timeout: float = 600) -> str:
     pytest.fail(f"queue did not finish:\n{status}")
 
 
+def exp_revs(dst: Path, env: dict) -> dict[str, str]:
+    """{experiment name: its commit} of `dvc exp show --json`."""
+    rows = json.loads(sh(["dvc", "exp", "show", "--json"], dst, env).stdout)
+    return {e["name"]: e["rev"] for row in rows for e in (row.get("experiments") or [])
+            for e in [e["revs"][0]] if e.get("name")}
+
+
 def test_two_queued_experiments_in_parallel_keep_everything(project):
     dst, env = project
     for lr in ("0.05", "0.1"):
@@ -114,7 +121,8 @@ def test_readme_grid_command_queues_three_experiments(project):
 
 def test_make_smoke_runs_the_studies_two_at_a_time_and_prints_each_ones_claims(project):
     """`make smoke` queues every smoke study as an experiment named after it, runs them two at a time
-    and prints each one's claims from what the experiment committed; run again, it replaces them."""
+    and prints each one's claims from what the experiment committed; an experiment of that name from
+    before (a `dvc exp save` here, as an earlier `make smoke` leaves one) is replaced."""
     from repo_copy import BIN
 
     dst, env = project
@@ -124,13 +132,18 @@ def test_make_smoke_runs_the_studies_two_at_a_time_and_prints_each_ones_claims(p
             f"SMOKE_STUDIES={' '.join(studies)}",
             "SMOKE_ARGS=-S study.seeds=[0] -S study.algorithms=[fedavg] -S fl.rounds=1"]
     env = {k: v for k, v in env.items() if k != "FEDPIPE_THREADS"}  # the recipe's default: 1
-    for _ in range(2):  # the second run replaces the first's experiments
-        proc = sh(make, dst, env)
-        out = proc.stdout
-        for s in studies:
-            assert f"== study={s}\n{s}:data/report/claims.json: 0 of " in out, out
-        listed = sh(["dvc", "exp", "list", "--name-only"], dst, env).stdout.split()
-        assert sorted(n for n in listed if n in studies) == studies, listed  # once each, not twice
+    for s in studies:
+        sh(["dvc", "exp", "save", "--name", s], dst, env)
+    saved = exp_revs(dst, env)
+    assert set(studies) <= set(saved)
+    proc = sh(make, dst, env)
+    out = proc.stdout
+    for s in studies:
+        assert f"== study={s}\n{s}:data/report/claims.json: 0 of " in out, out
+    listed = sh(["dvc", "exp", "list", "--name-only"], dst, env).stdout.split()
+    assert sorted(n for n in listed if n in studies) == studies, listed  # once each, not twice
+    now = exp_revs(dst, env)
+    assert all(now[s] != saved[s] for s in studies), (saved, now)  # replaced, not kept
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{dst / 'mlflow.db'}")

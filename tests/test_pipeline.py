@@ -245,12 +245,17 @@ def test_changing_generation_keeps_warmup(workdir):
 
 
 def test_exp_run_with_hydra_override_gives_new_partition(workdir):
+    """`dvc exp run -S partition=dirichlet -S partition.alpha=0.05` composes the config group and
+    the key with Hydra; run to the partition stage only (`dvc exp run <target>`: what follows it is
+    the repro tests' business), it gives a new partition and shows it in `dvc exp show`."""
     dst, env = workdir
     sh(["git", "add", "-A"], dst, env)
     sh(["git", "commit", "-qm", "lock", "--allow-empty"], dst, env)
     before = (dst / "data/partition/seed_0/partition.safetensors").read_bytes()
     before_emd = json.loads((dst / "data/partition/seed_0/metrics.json").read_text())["emd_mean"]
-    sh(["dvc", "exp", "run", "-S", "partition=dirichlet", "-S", "partition.alpha=0.05"], dst, env)
+    proc = sh(["dvc", "exp", "run", "-S", "partition=dirichlet", "-S", "partition.alpha=0.05",
+               "partition@0"], dst, env)
+    assert ran(proc) == {"plan", "partition@0"}
     assert yaml.safe_load((dst / "params.yaml").read_text())["partition"]["alpha"] == 0.05
     assert (dst / "data/partition/seed_0/partition.safetensors").read_bytes() != before
     after_emd = json.loads((dst / "data/partition/seed_0/metrics.json").read_text())["emd_mean"]

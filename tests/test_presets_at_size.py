@@ -295,3 +295,31 @@ def test_preset_slice_runs_at_size(study, tmp_path, capsys):
     assert all(r.replicate_s >= r.slice_s * 0.5 for r in result.rows)
     assert result.study_s >= result.replicate_s
 
+
+
+@pytest.mark.slow
+def test_estimate_with_clients_and_test_split_cut(tmp_path):
+    """`python -m fedpipe.estimate` with --clients 2 --test-images 100 on a digits study: each round
+    of the slice trains 2 clients (the study: 4), every stage that loads the data sees 100 test
+    images, and the projection scales both back; a count below 1 is one line and exit 2."""
+    bad = subprocess.run([sys.executable, "-m", "fedpipe.estimate", "perada_smoke", "--clients", "0"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr == "error: --clients 0: a count of at least 1\n"
+    scratch = tmp_path / "slice"
+    proc = subprocess.run([sys.executable, "-m", "fedpipe.estimate", "perada_smoke",
+                           "study.algorithms=[feddf]", "--clients", "2", "--test-images", "100",
+                           "--scratch", str(scratch), "--json", str(tmp_path / "e.json")],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "FEDPIPE_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fl.participation: 0.4 -> 0.2 (4 -> 2 clients a round of 10;" in proc.stdout
+    fed = est.read_events(scratch / "_probe" / "federate@feddf-0")
+    assert [e["n"] for e in fed if e["kind"] == "client"] and \
+        len([e for e in fed if e["kind"] == "client"]) == 2  # one round, two clients
+    for stage in ("partition@0", "federate@feddf-0", "evaluate"):
+        cut = [e for e in est.read_events(scratch / "_probe" / stage) if e["kind"] == "test_cut"]
+        assert cut and {(e["full"], e["kept"]) for e in cut} == {(450, 100)}, stage
+    rows = {r["address"]: r for r in json.loads((tmp_path / "e.json").read_text())["rows"]}
+    f = rows["federate@feddf-0"]["parts"]
+    assert f["per_round"] > 0 and f["eval_each"] > 0
+    assert rows["evaluate"]["parts"]["test_factor"] == pytest.approx(4.5)

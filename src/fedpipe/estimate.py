@@ -41,10 +41,17 @@ are the full ones with these overrides, nothing else:
   slice trains more than in the full run); a method that pools every client's data (Centralized)
   counts as one client of all the data. ``--local-steps N`` sets the cap (0: never cut). The
   warm-up has no step cap in the library: its one epoch runs whole (``warmup.steps`` is used as soon
-  as the section has that key).
+  as the section has that key);
+- only when asked (``--clients K``): each round of the slice trains K clients where the study trains
+  more (``fl.participation`` and ``diffusion_fl.participation`` = K / N; the step cap is then chosen
+  for K clients a round);
+- only when asked (``--test-images N``): the test split keeps N of its images, evenly spaced, the
+  same in every stage (the probe cuts what ``load_dataset`` returns; the clients' local test sets,
+  drawn from it, and the corrupted sets shrink with it).
 
-Model size, client count, clients per round, batch sizes and data size stay the study's. Every cut
-is printed. Each stage of ``dvc.yaml`` then runs once, as its own process
+Model size, client count, batch sizes and data size stay the study's, and so do the clients a round
+and the test split unless ``--clients`` / ``--test-images`` cut them. Every cut is printed.
+Each stage of ``dvc.yaml`` then runs once, as its own process
 (``python stages/<stage>.py`` in the scratch folder, ``DVC_STAGE=<address>``,
 ``FEDPIPE_TRACKING=off``), in an order that respects every dependency in ``dvc.yaml``
 (:func:`stage_order`: a topological sort of the expanded stages, ties in file order); a stage the plan
@@ -84,13 +91,20 @@ Round loops (``federate``, ``backbone``, ``federate_ddpm``), from the slice's la
   of an update as measured; the round's client time then multiplied by the mean of
   ``ceil(m_i / batch)`` over all clients over its mean over the round's clients (sampling: a round
   of larger clients costs more), unless every client trained or training is pooled (Centralized);
-- server steps: KD (``kd_steps`` cut) times ``full / slice kd_steps``; a server training on A
+  with ``--clients K``, the client updates and the aggregation also times the full run's clients a
+  round over K (not for a method that pools every client's data);
+- server steps: KD (``kd_steps`` cut) times ``full / slice kd_steps``, and with ``--clients K``
+  times the clients a round over K too (one teacher per client: an upper bound, as the student's
+  own steps do not grow with the clients); a server training on A
   (FedDDPM's calibration, FedDDPM+'s correction, ``aux_only``) at ``ceil(|A_full| / batch) /
   ceil(|A_slice| / batch)`` times its time; FedDDPM+'s correction (the ``correction_epochs``
   training) once per run, not per round; its QuickTest, which a one-round slice never reaches,
   ``floor(R / test_every)`` times ``test_size`` images (an upper bound: no early stop);
 - evaluations: the slice's time per evaluation (generic, personalized, the personal models) times
-  the full run's evaluated rounds (every ``eval_every``-th and the last); in ``federate_ddpm`` its
+  the full run's evaluated rounds (every ``eval_every``-th and the last); with ``--test-images N``
+  its time less the personal models' fine-tuning times the full test split over N (an upper bound
+  where a client's local test set has a fixed size, ``partition.local_test_size``); in
+  ``federate_ddpm`` its
   FID-curve sampling replaced by ``curve_samples`` images at the curve sampler's steps;
 - checkpoints: the slice's time per checkpoint times the full run's count (every
   ``checkpoint_every`` rounds, after a round ending ``checkpoint_seconds`` after the last, the last);
@@ -108,8 +122,9 @@ run's batches).
   (``num_train_timesteps`` for ``ddpm``);
 - ``feature_extractor``: the FID classifier's training times ``fid.classifier_epochs``;
 - ``evaluate``: the corrupted-set passes and the building of the corrupted sets times the full over
-  the slice's (corruption, severity) pairs; for the study, its per-run scoring times the number of
-  replicates;
+  the slice's (corruption, severity) pairs, and with ``--test-images N`` the scoring and the
+  corrupted sets times the full test split over N; for the study, its per-run scoring times the
+  number of replicates;
 - ``plan``, ``partition``, ``server_data``, ``aux_quality``, ``report``: as measured.
 
 A stage of a per-replicate matrix (``partition@<seed>``, ``federate@<algorithm>-<seed>`` ...) counts
