@@ -142,6 +142,11 @@ def test_client_cut_sets_participation_and_leaves_smaller_rounds(tmp_path):
     assert cuts.clients == {"fl": (10, 2)} and cuts.test_images == 500
     assert est.slice_cuts(full, clients=10).clients == {}  # the round trains 10 already: no cut
     assert not any(o.startswith("fl.participation") for o in est.slice_cuts(full).overrides)
+    # Equitable-FL clusters a round's clients into C = 3 (CIFAR-100): the slice keeps 3 of 4
+    full = est.compose(REPO, ["study=equitable_cifar100", "dataset.stand_in=true"], tmp_path / "e.yaml")
+    cuts = est.slice_cuts(full, clients=2)
+    assert cuts.clients == {"fl": (4, 3)} and "fl.participation=0.3" in cuts.overrides
+    assert "(not 2: algorithms.equitable_fl.num_clusters=3)" in cuts.lines[0]
     back = est.Cuts.from_state(json.loads(json.dumps(est.asdict(cuts))))
     assert back == cuts  # --resume and --project-only read the same cuts
     from fedpipe.algorithms import algorithm_config

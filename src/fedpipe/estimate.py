@@ -920,14 +920,36 @@ def client_cuts(full: dict[str, Any], cuts: Cuts, clients: int) -> None:
         if not study.get(key) or not has(full, f"{section}.participation"):
             continue
         k_full = clients_a_round(full, section)
-        if k_full <= clients:
+        k, why = fewest_clients(full, study[key], n, clients, k_full)
+        if k_full <= k:
             continue
-        p = f"{clients / n:.6g}"
+        p = f"{k / n:.6g}"
         cuts.add(f"{section}.participation", p,
                  f"{section}.participation: {get(full, f'{section}.participation')} -> {p} "
-                 f"({k_full} -> {clients} clients a round of {n}; client updates, aggregation and "
-                 f"distillation projected x{k_full / clients:g})")
-        cuts.clients[section] = (k_full, clients)
+                 f"({k_full} -> {k} clients a round of {n}{why}; client updates, aggregation and "
+                 f"distillation projected x{k_full / k:.3g})")
+        cuts.clients[section] = (k_full, k)
+
+
+def fewest_clients(full: dict[str, Any], names: Sequence[str], n: int, k: int, k_full: int
+                   ) -> tuple[int, str]:
+    """(the fewest clients a round, from ``k`` up, that every method of ``names`` accepts
+    (``Strategy.check_clients``: Equitable-FL's C clusters need C clients a round), and why it is
+    more than ``k``)."""
+    from fedpipe.algorithms import ALGORITHMS
+    from fedpipe.config import ConfigError
+
+    cfgs = algorithm_configs(full, names)
+    first = None
+    for kk in range(max(k, 1), k_full):
+        try:
+            for name, cfg in cfgs.items():
+                ALGORITHMS[name].check_clients(cfg, n, kk)
+        except ConfigError as e:
+            first = first or str(e).split(";")[0].removeprefix("invalid config: ")
+            continue
+        return kk, (f" (not {k}: {first})" if first else "")
+    return k_full, ""
 
 
 def distils_from_clients(cfg: Any) -> bool:
