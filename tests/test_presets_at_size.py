@@ -105,9 +105,11 @@ def test_server_training_on_the_auxiliary_set_and_sampling_by_hand():
 
 
 def test_clients_and_test_split_cuts_by_hand():
-    """--clients 1 of a full run's 10 clients a round, --test-images: a tenth of the test split. The
-    round's client update, aggregation and (a distilling method's) server step scale by 10; the
-    evaluation's test reading by 10, its personal fine-tuning (a local_train call) not."""
+    """--clients 1 of a full run's 10 clients a round, --test-images: a tenth of the test split, a
+    distilling server step whose KD steps were cut from 100 to 2. The round's client update and
+    aggregation scale by 10; the server step's teachers' logits (one pass per client, once a
+    round) by 10 and the rest of it (the student's KD steps) by 50; the evaluation's test reading
+    by 10, its personal fine-tuning (a local_train call) not."""
     fine_tune = {"epochs": 1, "steps": None, "batch": 5, "done": 4}
     events = [
         {"kind": "test_cut", "full": 10000, "kept": 1000, "t": 0.0, "pid": 3},
@@ -118,20 +120,22 @@ def test_clients_and_test_split_cuts_by_hand():
         _ev("client", 0.1, 2.0, pid=3, n=10),
         _ev("aggregate", 2.1, 0.4, pid=3),
         _ev("server_update", 2.5, 3.0, pid=3),
+        _ev("teachers", 2.6, 1.0, ctx=("federated", "server_update"), pid=3, teachers=1, n=500),
         _ev("eval", 5.5, 2.5, pid=3),
         _ev("personal", 8.0, 3.0, pid=3),
         _ev("local", 8.1, 1.0, ctx=("federated", "personal"), pid=3, n=10, **fine_tune),
     ]
-    plan = est.LoopPlan(rounds=5, batch=5, clients=10.0, server_clients=10.0,
+    plan = est.LoopPlan(rounds=5, batch=5, clients=10.0, kd_factor=50.0,
                         test=est.test_ratio(events))
     p = est.project_loop(events, total=14.0, plan=plan)
     # the round's window 12 s, its calls 11 s: 1 s of the engine's own; select 0.1; the client
-    # 2 s x 10 (every client the same size: sampling weight 1); aggregation 0.4 x 10; server 3 x 10
+    # 2 s x 10 (every client the same size: sampling weight 1); aggregation 0.4 x 10; the server
+    # step: teachers 1 s x 10, the rest 2 s x 50
     assert plan.test == pytest.approx(10.0)
-    assert p.parts["per_round"] == pytest.approx(1.0 + 0.1 + 20.0 + 4.0 + 30.0)
+    assert p.parts["per_round"] == pytest.approx(1.0 + 0.1 + 20.0 + 4.0 + 10.0 + 100.0)
     # evaluation: (2.5 + 3.0 - 1.0 of fine-tuning) x 10 + 1.0
     assert p.parts["eval_each"] == pytest.approx(4.5 * 10 + 1.0)
-    assert p.projected == pytest.approx(2.0 + 5 * 55.1 + 5 * 46.0)  # evaluated every round
+    assert p.projected == pytest.approx(2.0 + 5 * 135.1 + 5 * 46.0)  # evaluated every round
     assert est.test_ratio([]) == 1.0
 
 
@@ -149,11 +153,6 @@ def test_client_cut_sets_participation_and_leaves_smaller_rounds(tmp_path):
     assert "(not 2: algorithms.equitable_fl.num_clusters=3)" in cuts.lines[0]
     back = est.Cuts.from_state(json.loads(json.dumps(est.asdict(cuts))))
     assert back == cuts  # --resume and --project-only read the same cuts
-    from fedpipe.algorithms import algorithm_config
-
-    assert est.distils_from_clients(algorithm_config("feddf", None))
-    assert not est.distils_from_clients(algorithm_config("perada_nokd", None))
-    assert not est.distils_from_clients(algorithm_config("fedavg", None))
 
 
 def test_warmup_evaluate_and_schedules_by_hand():
@@ -321,6 +320,7 @@ def test_estimate_with_clients_and_test_split_cut(tmp_path):
     fed = est.read_events(scratch / "_probe" / "federate@feddf-0")
     assert [e["n"] for e in fed if e["kind"] == "client"] and \
         len([e for e in fed if e["kind"] == "client"]) == 2  # one round, two clients
+    assert [e["teachers"] for e in fed if e["kind"] == "teachers"] == [2]  # FedDF's: timed apart
     for stage in ("partition@0", "federate@feddf-0", "evaluate"):
         cut = [e for e in est.read_events(scratch / "_probe" / stage) if e["kind"] == "test_cut"]
         assert cut and {(e["full"], e["kept"]) for e in cut} == {(450, 100)}, stage

@@ -93,9 +93,10 @@ Round loops (``federate``, ``backbone``, ``federate_ddpm``), from the slice's la
   of larger clients costs more), unless every client trained or training is pooled (Centralized);
   with ``--clients K``, the client updates and the aggregation also times the full run's clients a
   round over K (not for a method that pools every client's data);
-- server steps: KD (``kd_steps`` cut) times ``full / slice kd_steps``, and with ``--clients K``
-  times the clients a round over K too (one teacher per client: an upper bound, as the student's
-  own steps do not grow with the clients); a server training on A
+- server steps: KD (``kd_steps`` cut) times ``full / slice kd_steps``, except the teachers' logits
+  (one pass of each of the round's local models over the distillation set, once a round: the
+  probe times ``teacher_logits``), which with ``--clients K`` scale by the clients a round over K
+  instead; a server training on A
   (FedDDPM's calibration, FedDDPM+'s correction, ``aux_only``) at ``ceil(|A_full| / batch) /
   ceil(|A_slice| / batch)`` times its time; FedDDPM+'s correction (the ``correction_epochs``
   training) once per run, not per round; its QuickTest, which a one-round slice never reaches,
@@ -528,8 +529,13 @@ if _DIR:
 
         m.load_dataset = load_dataset
 
+    def _feddf(m):  # the teachers' logits (FedDF, PerAda): once a round, one pass per teacher
+        m.teacher_logits = _timed("teachers", m.teacher_logits,
+                                  lambda teachers, x, *a, **k: {"teachers": len(teachers),
+                                                                "n": len(x)})
+
     _PATCH = {"fedpipe.fl.engine": _engine, "fedpipe.fl.local": _local,
-              "fedpipe.data.datasets": _datasets,
+              "fedpipe.data.datasets": _datasets, "fedpipe.algorithms.feddf": _feddf,
               "fedpipe.tasks.diffusion": _diffusion, "fedpipe.tasks": _tasks,
               "fedpipe.pipeline.evaluate": _evaluate, "fedpipe.cli": _cli}
 
@@ -611,7 +617,6 @@ class LoopPlan:
     quicktest: tuple[int, int] = (0, 0)  # (tests in the full run, image-steps of one)
     final: int = 0                 # image-steps sampled after the loop (full run)
     clients: float = 1.0           # the full run's clients a round over the slice's (--clients)
-    server_clients: float = 1.0    # the server step's time times this (distils from each client)
     test: float = 1.0              # the full test split over the slice's (--test-images)
 
 
@@ -719,7 +724,8 @@ def project_loop(events: Sequence[dict[str, Any]], total: float, plan: LoopPlan)
     last_r, first_t, last_t = marks[-1]["r"], marks[0]["t"], marks[-1]["t"]
     loop_slice = end - first_t
     direct = [e for e in mine if (e.get("ctx") or [None])[-1] == "federated"]
-    nested = [e for e in mine if e["kind"] in ("local", "sample") and "federated" in e["ctx"]]
+    nested = [e for e in mine if e["kind"] in ("local", "sample", "teachers")
+              and "federated" in e["ctx"]]
     last = [e for e in direct if e["round"] == last_r]
 
     def total_of(kind: str, rows: Iterable[dict[str, Any]]) -> float:
@@ -752,8 +758,11 @@ def project_loop(events: Sequence[dict[str, Any]], total: float, plan: LoopPlan)
             return 1.0
         return math.ceil(plan.aux[1] / e["batch"]) / math.ceil(plan.aux[0] / e["batch"])
 
-    base = server - s_samples - sum(e["s"] for e in once) - sum(e["s"] for e in on_aux)
-    server_round = (max(base, 0.0) * plan.kd_factor * plan.server_clients
+    # the teachers' logits (distillation): one pass per round's client, whatever the KD steps
+    teachers = sum(e["s"] for e in server_rows if e["kind"] == "teachers")
+    base = (server - s_samples - teachers - sum(e["s"] for e in once)
+            - sum(e["s"] for e in on_aux))
+    server_round = (max(base, 0.0) * plan.kd_factor + teachers * plan.clients
                     + sum(e["s"] * aux_factor(e) for e in on_aux))
     once_s = sum(e["s"] * aux_factor(e) for e in once) + first_once
     per_round = (other + client + total_of("select", last)
@@ -910,9 +919,9 @@ def clients_a_round(params: dict[str, Any], section: str) -> int:
 
 def client_cuts(full: dict[str, Any], cuts: Cuts, clients: int) -> None:
     """``--clients K``: each round of the slice trains K clients where the study trains more
-    (``<section>.participation = K / N``); its client updates and aggregation, and the distillation
-    from the round's local models (:func:`distils_from_clients`), are projected times the full
-    run's clients a round over K."""
+    (``<section>.participation = K / N``); its client updates and aggregation, and the teachers'
+    logits of a distillation (one teacher per client), are projected times the full run's clients
+    a round over K."""
     n = int(get(full, "partition.num_clients", 1))
     study = full.get("study") or {}
     tracks = [("fl", "algorithms"), ("diffusion_fl", "diffusion_algorithms")]
@@ -927,7 +936,7 @@ def client_cuts(full: dict[str, Any], cuts: Cuts, clients: int) -> None:
         cuts.add(f"{section}.participation", p,
                  f"{section}.participation: {get(full, f'{section}.participation')} -> {p} "
                  f"({k_full} -> {k} clients a round of {n}{why}; client updates, aggregation and "
-                 f"distillation projected x{k_full / k:.3g})")
+                 f"the teachers of a distillation projected x{k_full / k:.3g})")
         cuts.clients[section] = (k_full, k)
 
 
@@ -950,12 +959,6 @@ def fewest_clients(full: dict[str, Any], names: Sequence[str], n: int, k: int, k
             continue
         return kk, (f" (not {k}: {first})" if first else "")
     return k_full, ""
-
-
-def distils_from_clients(cfg: Any) -> bool:
-    """Whether a method's server step distils from each of the round's local models (FedDF, PerAda
-    with KD: one teacher per client), so that it grows with the round's clients."""
-    return bool(getattr(cfg, "kd_steps", None)) and bool(getattr(cfg, "kd", True))
 
 
 def slice_cuts(full: dict[str, Any], clients: int | None = None,
@@ -1438,8 +1441,6 @@ def project_stage(run: StageRun, spec: StageSpec, full: dict[str, Any], cuts: Cu
         if section in cuts.clients and not pools_clients([algo]):
             k_full, k_slice = cuts.clients[section]
             plan.clients = k_full / k_slice
-            if distils_from_clients(algorithm_configs(full, [algo])[algo]):
-                plan.server_clients = plan.clients
         plan.test = test_ratio(events)
         if ddpm:
             m = sum(sizes)
