@@ -49,11 +49,16 @@ def wait_for_queue(dst: Path, env: dict, timeout: float = 600) -> str:
     pytest.fail(f"queue did not finish:\n{status}")
 
 
-def exp_revs(dst: Path, env: dict) -> dict[str, str]:
-    """{experiment name: its commit} of `dvc exp show --json`."""
+def shown_experiments(dst: Path, env: dict) -> dict[str, dict]:
+    """{experiment name: its entry} of `dvc exp show --json` (its commit, params and metrics)."""
     rows = json.loads(sh(["dvc", "exp", "show", "--json"], dst, env).stdout)
-    return {e["name"]: e["rev"] for row in rows for e in (row.get("experiments") or [])
+    return {e["name"]: e for row in rows for e in (row.get("experiments") or [])
             for e in [e["revs"][0]] if e.get("name")}
+
+
+def exp_revs(dst: Path, env: dict) -> dict[str, str]:
+    """{experiment name: its commit}."""
+    return {name: e["rev"] for name, e in shown_experiments(dst, env).items()}
 
 
 def test_two_queued_experiments_in_parallel_keep_everything(project):
@@ -65,9 +70,7 @@ def test_two_queued_experiments_in_parallel_keep_everything(project):
     status = wait_for_queue(dst, env)
     assert "Failed" not in status, sh(["dvc", "queue", "logs", "lr0.05"], dst, env, check=False).stdout
 
-    rows = json.loads(sh(["dvc", "exp", "show", "--json"], dst, env).stdout)
-    exps = {e["name"]: e for row in rows for e in (row.get("experiments") or [])
-            for e in [e["revs"][0]] if e.get("name")}
+    exps = shown_experiments(dst, env)
     assert set(exps) >= {"lr0.05", "lr0.1"}
     acc = {}
     for name, e in exps.items():

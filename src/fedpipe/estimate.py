@@ -911,10 +911,12 @@ def aux_batch(params: dict[str, Any]) -> int:
     return max(sizes + [int(get(params, "diffusion_fl.local.batch_size", 1))])
 
 
-def clients_a_round(params: dict[str, Any], section: str) -> int:
-    """Clients a round of ``section`` (fl, diffusion_fl) trains: ``max(round(N p), 1)``."""
-    n = int(get(params, "partition.num_clients", 1))
-    return max(round(n * float(get(params, f"{section}.participation", 1.0))), 1)
+def clients_a_round(n: int, participation: Any) -> int:
+    """Clients a round trains of ``n`` at ``participation``: the engine's rule
+    (``FLConfig.clients_per_round``)."""
+    from fedpipe.config.fl import FLConfig
+
+    return FLConfig(participation=float(participation)).clients_per_round(n)
 
 
 def client_cuts(full: dict[str, Any], cuts: Cuts, clients: int) -> None:
@@ -928,7 +930,7 @@ def client_cuts(full: dict[str, Any], cuts: Cuts, clients: int) -> None:
     for section, key in tracks:
         if not study.get(key) or not has(full, f"{section}.participation"):
             continue
-        k_full = clients_a_round(full, section)
+        k_full = clients_a_round(n, get(full, f"{section}.participation"))
         k, why = fewest_clients(full, study[key], n, clients, k_full)
         if k_full <= k:
             continue
@@ -955,7 +957,7 @@ def fewest_clients(full: dict[str, Any], names: Sequence[str], n: int, k: int, k
             for name, cfg in cfgs.items():
                 ALGORITHMS[name].check_clients(cfg, n, kk)
         except ConfigError as e:
-            first = first or str(e).split(";")[0].removeprefix("invalid config: ")
+            first = first or f"{e.key}={e.value!r}"
             continue
         return kk, (f" (not {k}: {first})" if first else "")
     return k_full, ""
@@ -1160,7 +1162,7 @@ def choose_cap(sizes: Sequence[int], section: dict[str, Any], step_s: float, bud
     mean_steps = full_steps_per_client(sizes, epochs, batch)
     if local.get("steps") is not None:
         return None, float(local["steps"])
-    per_round = max(round(len(sizes) * float(section.get("participation", 1.0))), 1)
+    per_round = clients_a_round(len(sizes), section.get("participation", 1.0))
     heaviest = per_round * mean_steps
     if pooled:
         heaviest = max(heaviest, epochs * math.ceil(sum(sizes) / batch))
@@ -1223,7 +1225,7 @@ def step_caps(full: dict[str, Any], sizes: Sequence[int], cuts: Cuts, budget: fl
             cap, _ = choose_cap(sizes, sec, step_s, budget, pools_clients(names))
         if cap is None:
             continue
-        per_round = max(round(len(sizes) * float(sec.get("participation", 1.0))), 1)
+        per_round = clients_a_round(len(sizes), sec.get("participation", 1.0))
         timed = (f"; one step {step_s:.2f} s here, {per_round} clients per round, budget "
                  f"{budget:.0f} s" if step_s is not None else "")
         cuts.add(f"{section}.local.steps", cap,
