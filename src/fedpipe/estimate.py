@@ -522,7 +522,8 @@ if _DIR:
             ds = orig(cfg, *a, **k)
             full = len(ds.test)
             if full > keep:  # evenly spaced, the same images in every stage
-                idx = (torch.arange(keep, dtype=torch.float64) * full / keep).long()
+                idx = (torch.arange(keep, dtype=torch.float64, device=ds.test.x.device)
+                       * full / keep).long()
                 ds = dataclasses.replace(ds, test=type(ds.test)(ds.test.x[idx], ds.test.y[idx]))
             _emit({"kind": "test_cut", "full": full, "kept": len(ds.test), "t": time.time()})
             return ds
