@@ -139,6 +139,39 @@ def test_clients_and_test_split_cuts_by_hand():
     assert est.test_ratio([]) == 1.0
 
 
+def test_probe_leaves_the_warmup_clients_past_the_cut_untrained(tmp_path):
+    """The probe, loaded as a stage process loads it, with a warm-up cut to 2 clients: client 5's
+    training is not run (its initial weights come back, a ``warmup_skip`` event records its size),
+    client 1's is (the real function runs)."""
+    site = tmp_path / "_site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(est.PROBE)
+    (site / "cuts.json").write_text(json.dumps({"test_images": None, "warmup_clients": 2}))
+    events = tmp_path / "events"
+    events.mkdir()
+    code = """
+import torch
+from fedpipe.pipeline import warmup
+model = torch.nn.Linear(3, 2)
+cfg = warmup.WarmupConfig(batch_size=4)
+w, losses = warmup.train_client_ddpm(model, torch.zeros(7, 3), None, cfg, None, client=5)
+assert set(w) == {"weight", "bias"} and torch.equal(w["weight"], model.weight.detach()), w
+try:  # client 1 is trained: the real function runs, and fails on this test's bare tensor data
+    warmup.train_client_ddpm(model, torch.zeros(7, 3), None, cfg, None, client=1)
+except AttributeError as e:
+    assert "batches" in str(e), e
+else:
+    raise AssertionError("client 1 was not trained")
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO / "src")]),
+           est.PROBE_ENV: str(events)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    skips = [e for e in est.read_events(events) if e["kind"] == "warmup_skip"]
+    assert [(e["client"], e["n"], e["batch"]) for e in skips] == [(5, 7, 4)]
+
+
 def test_client_cut_sets_participation_and_leaves_smaller_rounds(tmp_path):
     full = est.compose(REPO, ["study=fednh_cifar10", "dataset.stand_in=true"], tmp_path / "p.yaml")
     cuts = est.slice_cuts(full, clients=2, test_images=500)
@@ -153,6 +186,14 @@ def test_client_cut_sets_participation_and_leaves_smaller_rounds(tmp_path):
     assert "(not 2: algorithms.equitable_fl.num_clusters=3)" in cuts.lines[0]
     back = est.Cuts.from_state(json.loads(json.dumps(est.asdict(cuts))))
     assert back == cuts  # --resume and --project-only read the same cuts
+    assert cuts.warmup_clients is None  # no diffusion track
+    # FedDDPM: the warm-up trains 2 of 100 clients; the federated DDPM rounds 2 of 15
+    full = est.compose(REPO, ["study=fedddpm_mnist", "dataset.stand_in=true"], tmp_path / "d.yaml")
+    cuts = est.slice_cuts(full, clients=2)
+    assert cuts.warmup_clients == (100, 2) and cuts.clients["diffusion_fl"] == (15, 2)
+    assert any(ln.startswith("warm-up: 100 -> 2 clients trained") for ln in cuts.lines)
+    assert est.Cuts.from_state(json.loads(json.dumps(est.asdict(cuts)))) == cuts
+    assert est.slice_cuts(full).warmup_clients is None
 
 
 def test_warmup_evaluate_and_schedules_by_hand():
@@ -164,6 +205,12 @@ def test_warmup_evaluate_and_schedules_by_hand():
             for i, s in enumerate(times)]
     p = est.project_warmup(rows, total=10.0, epochs=50)
     assert p.projected == pytest.approx(10.0 + (3000 - 60) * 0.1 / 2)
+    # --clients: two clients of 100 and 25 images the probe left untrained add all their 50 x 10
+    # and 50 x 3 steps, at the same 0.1 s per step over the 2 processes
+    skipped = [{"kind": "warmup_skip", "client": c, "n": n, "batch": 10, "pid": 1, "t": 0.0}
+               for c, n in ((6, 100), (7, 25))]
+    p = est.project_warmup(rows + skipped, total=10.0, epochs=50)
+    assert p.projected == pytest.approx(10.0 + (3000 + 500 + 150 - 60) * 0.1 / 2)
     assert est.eval_count(10, 5) == 2 and est.eval_count(10, 3) == 4 and est.eval_count(1, 20) == 1
     assert est.checkpoint_count(10, 3, 0, 1.0, 1, 0.0) == 4  # rounds 3, 6, 9 and the last
     assert est.checkpoint_count(10, 0, 25, 10.0, 1, 0.0) == 4  # 30 s apart: 3, 6, 9, the last

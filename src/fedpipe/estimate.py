@@ -44,7 +44,9 @@ are the full ones with these overrides, nothing else:
   as the section has that key);
 - only when asked (``--clients K``): each round of the slice trains K clients where the study trains
   more (``fl.participation`` and ``diffusion_fl.participation`` = K / N; the step cap is then chosen
-  for K clients a round);
+  for K clients a round), and the warm-up trains clients 0 to K-1 only: the probe returns the
+  others' initial weights untrained (the generation samples from them at the same cost), and their
+  steps are projected at the trained clients' time per step;
 - only when asked (``--test-images N``): the test split keeps N of its images, evenly spaced, the
   same in every stage (the probe cuts what ``load_dataset`` returns; the clients' local test sets,
   drawn from it, and the corrupted sets shrink with it).
@@ -530,6 +532,30 @@ if _DIR:
 
         m.load_dataset = load_dataset
 
+    def _warmup(m):  # the warm-up's client cut (--clients, written in cuts.json here)
+        try:
+            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuts.json")) as f:
+                keep = json.load(f).get("warmup_clients")
+        except (OSError, ValueError):
+            keep = None
+        if not keep:
+            return
+        orig = m.train_client_ddpm
+
+        @functools.wraps(orig)
+        def train_client_ddpm(model, data, task, cfg, *a, **k):
+            client = k.get("client")
+            if client is None or client < keep:
+                return orig(model, data, task, cfg, *a, **k)
+            # not trained: the initial weights stand for the client's DDPM (the generation samples
+            # from them as from a trained one); its steps are projected at the trained clients' time
+            _emit({"kind": "warmup_skip", "client": int(client), "n": len(data),
+                   "batch": cfg.batch_size, "t": time.time()})
+            weights = {key: v.detach().cpu().clone() for key, v in model.state_dict().items()}
+            return weights, [1.0]
+
+        m.train_client_ddpm = train_client_ddpm
+
     def _feddf(m):  # the teachers' logits (FedDF, PerAda): once a round, one pass per teacher
         m.teacher_logits = _timed("teachers", m.teacher_logits,
                                   lambda teachers, x, *a, **k: {"teachers": len(teachers),
@@ -537,6 +563,7 @@ if _DIR:
 
     _PATCH = {"fedpipe.fl.engine": _engine, "fedpipe.fl.local": _local,
               "fedpipe.data.datasets": _datasets, "fedpipe.algorithms.feddf": _feddf,
+              "fedpipe.pipeline.warmup": _warmup,
               "fedpipe.tasks.diffusion": _diffusion, "fedpipe.tasks": _tasks,
               "fedpipe.pipeline.evaluate": _evaluate, "fedpipe.cli": _cli}
 
@@ -809,8 +836,10 @@ def project_part(total: float, part: float, factor: float) -> Projection:
 
 def project_warmup(events: Sequence[dict[str, Any]], total: float, epochs: int) -> Projection:
     """The warm-up: the slice plus the steps it did not do (each client ``epochs x ceil(n / batch)``
-    in the full run) at the steady time per step, spread over the worker processes."""
+    in the full run; a client the ``--clients`` cut left untrained, a ``warmup_skip`` event, all of
+    them) at the steady time per step, spread over the worker processes."""
     rows = [e for e in events if e["kind"] == "local"]
+    skipped = [e for e in events if e["kind"] == "warmup_skip"]
     if not rows:
         return Projection(total, total, total, note="no client trained")
     pids = {e["pid"] for e in rows}
@@ -820,7 +849,7 @@ def project_warmup(events: Sequence[dict[str, Any]], total: float, epochs: int) 
         t_steps += list(per_step.values())
     t = sum(t_steps) / len(t_steps)
     done = sum((e.get("done") or 0) for e in rows)
-    full = sum(epochs * math.ceil(e["n"] / e["batch"]) for e in rows)
+    full = sum(epochs * math.ceil(e["n"] / e["batch"]) for e in rows + skipped)
     extra = max(full - done, 0) * t / len(pids)
     return Projection(total, total, total + extra,
                       {"scaled_part": done * t / len(pids), "factor": full / done if done else 1.0})
@@ -861,6 +890,8 @@ class Cuts:
     clients: dict[str, tuple[int, int]] = field(default_factory=dict)  # section -> clients a round
     #   (full, slice) where --clients cut them (fl, diffusion_fl)
     test_images: int | None = None  # the slice's test split (--test-images; the probe cuts it)
+    warmup_clients: tuple[int, int] | None = None  # (full, slice) clients the warm-up trains
+    #   (--clients; the probe skips the others' training)
 
     def add(self, key: str, value: Any, line: str | None = None) -> None:
         self.overrides.append(override(key, value))
@@ -872,8 +903,9 @@ class Cuts:
         """The cuts as :data:`STATE` records them (JSON: tuples came back as lists)."""
         pairs = {"kd": {k: tuple(v) for k, v in (c.get("kd") or {}).items()},
                  "clients": {k: tuple(v) for k, v in (c.get("clients") or {}).items()}}
-        return cls(**{**c, **pairs, "corruption_pairs": tuple(c["corruption_pairs"])
-                      if c.get("corruption_pairs") else None})
+        tuples = {k: tuple(c[k]) if c.get(k) else None
+                  for k in ("corruption_pairs", "warmup_clients")}
+        return cls(**{**c, **pairs, **tuples})
 
     def set(self, key: str, value: Any) -> None:
         """``key=value`` in place of an earlier override of ``key``."""
@@ -1025,6 +1057,13 @@ def slice_cuts(full: dict[str, Any], clients: int | None = None,
                      f"diffusion_fl.rounds: {get(full, 'diffusion_fl.rounds')} -> 1")
             cuts.add("diffusion_fl.eval_every", 1)
         cuts.add("warmup.epochs", 1, f"warmup.epochs: {get(full, 'warmup.epochs')} -> 1")
+        n = int(get(full, "partition.num_clients", 1))
+        if clients and clients < n and study.get("diffusion_seeds"):
+            cuts.warmup_clients = (n, int(clients))
+            cuts.lines.append(
+                f"warm-up: {n} -> {clients} clients trained (clients 0-{clients - 1}); the others keep "
+                "their initial weights, and the generation samples from them as from trained ones; "
+                "their steps projected at the trained clients' time per step")
         steps = SAMPLE_STEPS
         cuts.add("generate.sampler", "ddim")
         cuts.add("generate.ddim_steps", steps)
@@ -1626,7 +1665,9 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         cuts = slice_cuts(full, clients, test_images)
         slice_params = compose(root, base + cuts.overrides, scratch / "params.yaml")
     site = setup_scratch(root, scratch, bool(get(full, "dataset.stand_in", False)))
-    (site / "cuts.json").write_text(json.dumps({"test_images": cuts.test_images}))  # the probe's
+    (site / "cuts.json").write_text(json.dumps(  # the probe's
+        {"test_images": cuts.test_images,
+         "warmup_clients": cuts.warmup_clients[1] if cuts.warmup_clients else None}))
     specs = pipeline(root, slice_params)
     dev = device_line(full)
     log(f"device: {dev}; dataset {get(full, 'dataset.name')}"
