@@ -290,7 +290,8 @@ def test_slice_overrides_cut_only_what_they_say(tmp_path):
 
 def test_the_printed_estimate_fits_120_columns():
     rows = [est.Row("federate_ddpm@fedddpm_plus-12345", "federate_ddpm", 1234.5, 2345.6, 9.9e6, 3,
-                    3e7, 123456.0, None, "600r x 1,234, 60ev x 12,345, FID 1,234,567")]
+                    3e7, 123456.0, None, "600r x 1,234, 60ev x 12,345, FID 1,234,567",
+                    out_mib=1536.0)]
     e = est.Estimate("fedddpm_cifar100", "cpu (2 cores, torch threads 2)", "/tmp/x", rows,
                      ["fl.local.steps: null -> 3 per client (full: 5 epoch(s), 41.5 steps per client "
                       "on average; one step 0.82 s here, 10 clients per round, budget 60 s)"],
@@ -298,6 +299,18 @@ def test_the_printed_estimate_fits_120_columns():
     text = est.report(e)
     assert max(len(line) for line in text.splitlines()) <= 120
     assert "FAILED at stage federate_ddpm@fedddpm_plus-12345" in text
+    # 1.5 GiB a replicate, a stage of 3 replicates: 4.5 GiB the study
+    assert "wrote 1.50 GiB under data/" in text and "the study about 4.50 GiB" in " ".join(
+        text.split())
+
+
+def test_outputs_are_measured_without_checkpoints_and_raw_data(tmp_path):
+    for rel, size in (("data/federate/a/m.bin", 2**20), ("data/report/r.md", 2**19),
+                      ("data/checkpoints/federate/c.bin", 2**22), ("raw/x.bin", 2**22)):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"\0" * size)
+    (tmp_path / "data/raw").symlink_to(tmp_path / "raw")
+    assert est.data_mib(tmp_path) == pytest.approx(1.5)
 
 
 # -- the presets at size (marker at_size: make test-presets) -------------------------------------

@@ -1329,6 +1329,18 @@ class StageRun:
     gpu_mib: float | None = None
     log: str = ""
     cpu_s: float = 0.0
+    out_mib: float = 0.0  # what the stage wrote under data/ (its outputs; resume checkpoints apart)
+
+
+def data_mib(scratch: Path) -> float:
+    """MiB of the files under ``scratch/data`` but its resume checkpoints and the linked raw data."""
+    data = scratch / "data"
+    total = 0
+    for d, dirs, files in os.walk(data):
+        if Path(d) == data:
+            dirs[:] = [x for x in dirs if x not in ("checkpoints", "raw")]
+        total += sum((Path(d) / f).lstat().st_size for f in files)
+    return total / 2**20
 
 
 def setup_scratch(root: Path, scratch: Path, stand_in: bool) -> Path:
@@ -1427,6 +1439,7 @@ class Row:
     gpu_mib: float | None
     note: str
     parts: dict[str, float] = field(default_factory=dict)
+    out_mib: float = 0.0  # the stage's outputs in the slice (model files at their full size)
 
 
 @dataclass
@@ -1682,12 +1695,17 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         if spec.address in done:
             continue
         log(f"[{i}/{len(specs)}] {spec.address} ...")
+        before = data_mib(scratch)
         try:
             run = run_stage_process(root, scratch, site, spec)
         except KeyboardInterrupt:  # the stages so far are still projected
             state["failed"], state["error"] = spec.address, "interrupted (Ctrl-C)"
             log(f"[{i}/{len(specs)}] {spec.address}: interrupted; projecting the stages before it")
             break
+        run.out_mib = max(data_mib(scratch) - before, 0.0)
+        # a finished stage's resume checkpoints are not read again: at paper size they are as large
+        # as its outputs (FedDDPM's warm-up: one UNet per client, 100 of them)
+        shutil.rmtree(scratch / "data" / "checkpoints", ignore_errors=True)
         state["runs"].append(asdict(run))
         state["load"][1] = os.getloadavg()[0]
         _save_state(scratch, state)
@@ -1745,7 +1763,7 @@ def project_scratch(scratch: Path) -> Estimate:
         mult = seeds.get(spec.per_replicate, 1) if spec.per_replicate else 1
         study_s = pn.projected if pn is not None else p1.projected * mult
         rows.append(Row(run.address, run.name, run.seconds, run.cpu_s, p1.projected, mult, study_s,
-                        run.peak_mib, run.gpu_mib, note_of(spec, p1), p1.parts))
+                        run.peak_mib, run.gpu_mib, note_of(spec, p1), p1.parts, run.out_mib))
     return Estimate(state["study"], state["device"], str(scratch), rows, cuts.lines,
                     state["base"] + cuts.overrides, sum(r.replicate_s for r in rows),
                     sum(r.study_s for r in rows), sum(r.slice_s for r in rows), n_seeds,
@@ -1772,6 +1790,13 @@ def report(est: Estimate) -> str:
     tail.append(f"the slice's processes used {cpu / max(est.slice_s, 1e-9):.2f} of {os.cpu_count()} "
                 f"cores on average (load average {est.load[0]:.1f} at its start, {est.load[1]:.1f} at "
                 "its end): the projection is this machine's wall time at this load")
+    out = sum(r.out_mib for r in est.rows)
+    if out:
+        study_out = sum(r.out_mib * r.multiplier for r in est.rows)
+        tail.append(f"outputs: the slice's stages wrote {out / 1024:.2f} GiB under data/ (model files "
+                    f"at full size: a replicate about as much, the study about {study_out / 1024:.2f} "
+                    "GiB), and a running stage's resume checkpoints (data/checkpoints) up to as much "
+                    "again")
     if est.failed:
         tail.append(f"FAILED at stage {est.failed}: {est.error} (the projection covers the stages "
                     "before it only)")
