@@ -3,9 +3,10 @@
 The at-size tests (marker ``at_size``, ``make test-presets``, not in ``make test``) run
 :mod:`fedpipe.estimate`'s slice of each paper preset: every stage of the pipeline
 once, at the preset's model size, client count, batch sizes and data size (stand-in images of the
-real shapes), one replicate, one round, local steps cut only where a round would not fit the round
-budget. They check that every stage ran and wrote its outputs, and that the report and the claims say
-the numbers are stand-in numbers. The fast tests check the projection against hand-computed numbers
+real shapes), one replicate, one round; so that a preset takes minutes, not hours, on two CPU cores,
+each round trains two clients (the warm-up too), one local step each, on 200 test images. They check
+that every stage ran and wrote its outputs, and that the report and the claims say the numbers are
+stand-in numbers. The fast tests check the projection against hand-computed numbers
 and the estimate's stage order against DVC's own graph of ``dvc.yaml``.
 """
 
@@ -314,28 +315,24 @@ def test_outputs_are_measured_without_checkpoints_and_raw_data(tmp_path):
 
 
 # -- the presets at size (marker at_size: make test-presets) -------------------------------------
-def _warmup_capped() -> bool:
-    from fedpipe.config.diffusion import WarmupConfig
-
-    return "steps" in WarmupConfig.__dataclass_fields__
+AT_SIZE_CLIENTS = 2
+AT_SIZE_TEST_IMAGES = 200
 
 
 @pytest.mark.at_size
 @pytest.mark.parametrize("study", PRESETS)
 def test_preset_slice_runs_at_size(study, tmp_path, capsys):
-    full = est.compose(REPO, [f"study={study}"], tmp_path / "probe.yaml")
-    if full["study"].get("diffusion_seeds"):
-        import torch
-
-        if not _warmup_capped():
-            pytest.skip("the warm-up has no step cap (warmup.steps): its slice trains one epoch of "
-                        "each of 100 clients' paper-size DDPMs")
-        if not torch.cuda.is_available():
-            pytest.skip("a paper-size DDPM slice needs a GPU: one training step of the paper's UNet "
-                        "takes 30-90 s on 2 CPU cores, and the slice takes hundreds")
+    """One replicate of every stage of the preset, one round, at its model size, client count,
+    batch sizes and data size (stand-in images of the real shapes). Cut, so that a preset takes
+    minutes on two CPU cores, not hours (each cut printed by the estimate): each round trains
+    :data:`AT_SIZE_CLIENTS` clients (the fewest a method accepts; FedDDPM's warm-up trains that
+    many and keeps the others' initial weights), one local step a client, the test split
+    :data:`AT_SIZE_TEST_IMAGES` images, the distillation :data:`fedpipe.estimate.KD_STEPS` steps,
+    a handful of generated and FID images."""
     t0 = time.perf_counter()
     result = est.estimate(study, stand_in=True, scratch=tmp_path / "slice", root=REPO,
-                          budget=TEST_BUDGET, log=lambda s: None)
+                          budget=TEST_BUDGET, local_steps=1, clients=AT_SIZE_CLIENTS,
+                          test_images=AT_SIZE_TEST_IMAGES, log=lambda s: None)
     seconds = time.perf_counter() - t0
     with capsys.disabled():
         print(f"\n{study}: slice {seconds:.0f} s; projected one replicate {result.replicate_s:.0f} "
@@ -388,3 +385,16 @@ def test_estimate_with_clients_and_test_split_cut(tmp_path):
     f = rows["federate@feddf-0"]["parts"]
     assert f["per_round"] > 0 and f["eval_each"] > 0
     assert rows["evaluate"]["parts"]["test_factor"] == pytest.approx(4.5)
+
+
+def test_resume_refuses_other_cuts_than_the_slice_was_cut_with(tmp_path):
+    state = {"study": "fednh_cifar10", "base": ["study=fednh_cifar10", "dataset.stand_in=true"],
+             "asked": {"clients": 2, "test_images": None}}
+    (tmp_path / est.STATE).write_text(json.dumps(state))
+    for kw, line in (({"clients": 3}, "--clients 3: the slice in {} was cut with --clients 2"),
+                     ({"test_images": 500}, "--test-images 500: the slice in {} was cut with no "
+                                            "such cut")):
+        with pytest.raises(est.EstimateError) as e:
+            est.estimate("fednh_cifar10", scratch=tmp_path, root=REPO, resume=True, log=lambda s: None,
+                         **kw)
+        assert str(e.value).startswith(line.format(tmp_path.resolve())), str(e.value)

@@ -1657,6 +1657,13 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         if state["study"] != study or state["base"][:len(base)] != base:
             raise EstimateError(f"{scratch} holds a slice of {' '.join(state['base'])}, not of "
                              f"{' '.join(base)}: --resume needs the same study and overrides")
+        for flag, value in (("clients", clients), ("test_images", test_images)):
+            was = (state.get("asked") or {}).get(flag)
+            if value is not None and "asked" in state and value != was:
+                raise EstimateError(
+                    f"--{flag.replace('_', '-')} {value}: the slice in {scratch} was cut with "
+                    + (f"--{flag.replace('_', '-')} {was}" if was is not None else "no such cut")
+                    + "; --resume keeps its cuts (leave the flag out, or start a new slice)")
     if state is not None:
         log(f"resuming the slice in {scratch}")
         base = state["base"]
@@ -1687,7 +1694,8 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         f"{' (stand-in)' if get(full, 'dataset.stand_in') else ''}")
     if state is None:
         state = {"study": study, "root": str(root), "base": base, "device": dev,
-                 "cuts": asdict(cuts), "sizes": [], "runs": [], "load": [os.getloadavg()[0], 0.0],
+                 "cuts": asdict(cuts), "asked": {"clients": clients, "test_images": test_images},
+                 "sizes": [], "runs": [], "load": [os.getloadavg()[0], 0.0],
                  "failed": None, "error": ""}
     done = {r["address"] for r in state["runs"]}
     first_seed = (get(slice_params, "study.seeds") or [0])[0]
@@ -1737,8 +1745,9 @@ def project_scratch(scratch: Path) -> Estimate:
     full = load_params(scratch / "params.full.yaml")
     slice_params = load_params(scratch / "params.yaml")
     cuts = Cuts.from_state(state["cuts"])
-    runs = [StageRun(**r) for r in state["runs"]]
     specs = {s.address: s for s in pipeline(root, slice_params)}
+    order = {a: i for i, a in enumerate(specs)}  # the stages' order, also after a --resume
+    runs = sorted((StageRun(**r) for r in state["runs"]), key=lambda r: order.get(r.address, 0))
     per = {s.per_replicate for s in expand_stages(yaml.safe_load((root / "dvc.yaml").read_text()),
                                                    full) if s.per_replicate}
     seeds = {k: len(get(full, k) or []) for k in per}
