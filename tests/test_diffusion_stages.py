@@ -186,6 +186,33 @@ def test_warmup_in_worker_processes_gives_the_same_checkpoints(tiny_partition, t
         assert all(torch.equal(a[k], b[k]) for k in a), cid
 
 
+def test_workers_submit_ahead_and_let_each_result_go():
+    """map_in_processes keeps at most ahead x workers jobs in flight and no result it has yielded: a
+    paper-size warm-up's 100 UNets, all held, ran out of file descriptors (each tensor a
+    shared-memory descriptor until freed) and memory."""
+    import gc
+    import weakref
+
+    from fedpipe.pipeline.workers import map_in_processes
+
+    pulled: list[int] = []
+
+    def jobs():
+        for i in range(10):
+            pulled.append(i)
+            yield 1000 + i
+
+    refs, sizes = [], []
+    for k, t in enumerate(map_in_processes(torch.zeros, jobs(), 2, ahead=2)):
+        assert len(pulled) <= 4 + k + 1, (k, pulled)  # 4 in flight, refilled as each one is done
+        sizes.append(t.numel())
+        refs.append(weakref.ref(t))
+        del t
+        gc.collect()
+        assert all(r() is None for r in refs[:-1]), k  # the results before are freed
+    assert sorted(sizes) == list(range(1000, 1010))
+
+
 def test_worker_count_reads_the_environment(monkeypatch):
     from fedpipe.config import ConfigError
     from fedpipe.pipeline.workers import worker_count

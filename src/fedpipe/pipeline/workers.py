@@ -16,10 +16,11 @@ re-runs nothing.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing as mp
 import os
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 ENV = "FEDPIPE_WORKERS"
@@ -68,19 +69,39 @@ def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def map_in_processes(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int) -> Iterator[Any]:
+def map_in_processes(fn: Callable[[Any], Any], jobs: Iterable[Any], workers: int,
+                     ahead: int = 2) -> Iterator[Any]:
     """``fn(job)`` for every job in ``workers`` spawned processes; results in completion order (each
     result should name its job). An exception in a job is raised here. When the caller stops early
     (an exception, Ctrl-C), the workers are stopped at once rather than waited for: a job's output is
-    written atomically, so a stopped job leaves nothing half-written."""
+    written atomically, so a stopped job leaves nothing half-written.
+
+    At most ``ahead x workers`` jobs are submitted and not yet yielded, and a result is let go once
+    yielded: a warm-up at paper size returns 100 clients' UNets (143 MB each on CIFAR), each tensor
+    a shared-memory file descriptor until freed, which, all held, ran out of descriptors and memory."""
     ctx = mp.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker)
-    futures = [pool.submit(fn, job) for job in jobs]
+    todo = iter(jobs)
+    pending: set[Future] = set()
+
+    def fill() -> None:
+        for job in itertools.islice(todo, max(ahead * workers - len(pending), 0)):
+            pending.add(pool.submit(fn, job))
+
     try:
-        for fut in as_completed(futures):
-            yield fut.result()
+        fill()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            while done:
+                fut = done.pop()
+                pending.discard(fut)
+                result = fut.result()
+                del fut  # the future holds the result: only the caller does now
+                fill()
+                yield result
+                del result
     except BaseException:
-        for f in futures:
+        for f in pending:
             f.cancel()
         # no public API stops a running job; the pool's processes are terminated directly
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
