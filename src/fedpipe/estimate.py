@@ -505,12 +505,15 @@ if _DIR:
 
         m.run_stage = run_stage
 
-    def _datasets(m):  # the slice's test-split cut (--test-images), written in cuts.json here
+    def _cut(key):  # a cut the estimate wrote in cuts.json beside this file (None: not cut)
         try:
             with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuts.json")) as f:
-                keep = json.load(f).get("test_images")
+                return json.load(f).get(key)
         except (OSError, ValueError):
-            keep = None
+            return None
+
+    def _datasets(m):  # the slice's test-split cut (--test-images)
+        keep = _cut("test_images")
         if not keep:
             return
         orig = m.load_dataset
@@ -532,12 +535,8 @@ if _DIR:
 
         m.load_dataset = load_dataset
 
-    def _warmup(m):  # the warm-up's client cut (--clients, written in cuts.json here)
-        try:
-            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuts.json")) as f:
-                keep = json.load(f).get("warmup_clients")
-        except (OSError, ValueError):
-            keep = None
+    def _warmup(m):  # the warm-up's client cut (--clients)
+        keep = _cut("warmup_clients")
         if not keep:
             return
         orig = m.train_client_ddpm
@@ -1657,9 +1656,10 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
         if state["study"] != study or state["base"][:len(base)] != base:
             raise EstimateError(f"{scratch} holds a slice of {' '.join(state['base'])}, not of "
                              f"{' '.join(base)}: --resume needs the same study and overrides")
+        asked = state.get("asked")  # None: recorded before the flags were
         for flag, value in (("clients", clients), ("test_images", test_images)):
-            was = (state.get("asked") or {}).get(flag)
-            if value is not None and "asked" in state and value != was:
+            was = asked.get(flag) if asked is not None else value
+            if value is not None and value != was:
                 raise EstimateError(
                     f"--{flag.replace('_', '-')} {value}: the slice in {scratch} was cut with "
                     + (f"--{flag.replace('_', '-')} {was}" if was is not None else "no such cut")
@@ -1699,18 +1699,19 @@ def estimate(study: str, overrides: Sequence[str] = (), stand_in: bool | None = 
                  "failed": None, "error": ""}
     done = {r["address"] for r in state["runs"]}
     first_seed = (get(slice_params, "study.seeds") or [0])[0]
+    size = data_mib(scratch)  # the outputs so far: each stage's own are what it adds
     for i, spec in enumerate(specs, 1):
         if spec.address in done:
             continue
         log(f"[{i}/{len(specs)}] {spec.address} ...")
-        before = data_mib(scratch)
         try:
             run = run_stage_process(root, scratch, site, spec)
         except KeyboardInterrupt:  # the stages so far are still projected
             state["failed"], state["error"] = spec.address, "interrupted (Ctrl-C)"
             log(f"[{i}/{len(specs)}] {spec.address}: interrupted; projecting the stages before it")
             break
-        run.out_mib = max(data_mib(scratch) - before, 0.0)
+        now = data_mib(scratch)
+        run.out_mib, size = max(now - size, 0.0), now
         # a finished stage's resume checkpoints are not read again: at paper size they are as large
         # as its outputs (FedDDPM's warm-up: one UNet per client, 100 of them)
         shutil.rmtree(scratch / "data" / "checkpoints", ignore_errors=True)
